@@ -1,0 +1,1 @@
+"""Rollout engines: vLLM (default) and HF generate, behind one interface (`base.RolloutEngine`)."""

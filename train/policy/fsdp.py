@@ -1,0 +1,206 @@
+"""The trained policy (and the frozen reference): an HF causal LM sharded with FSDP2 `fully_shard`.
+
+Owns the parameters, the optimizer and everything that touches them: teacher-forced log-probs in
+token-budget micro-batches, one optimizer step from a loss callback, full weights for the rollout
+engine, and HF-format saving. The algorithm (what the loss is) stays outside, in `train.algorithms`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+from train.policy.batching import MicroBatch, make_micro_batches
+
+PRECISIONS = ("fp32", "bf16")
+
+# loss_fn(micro_batch, log_probs (b, R), entropy (b, R) | None) -> (loss scalar, metrics)
+LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
+
+
+class Policy:
+    """FSDP2-sharded causal LM. `trainable=False` builds a frozen reference model (no optimizer)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        precision: str = "fp32",
+        trainable: bool = True,
+        lr: float = 1e-6,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float = 1.0,
+        gradient_checkpointing: bool = False,
+        micro_batch_tokens: int = 8192,
+        warmup_steps: int = 0,
+        lr_schedule: str = "constant",
+        total_steps: int = 1,
+        pad_id: int = 0,
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
+        if lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"optim.schedule={lr_schedule!r}: expected 'constant' or 'cosine'")
+        self.precision = precision
+        self.grad_clip = grad_clip
+        self.micro_batch_tokens = micro_batch_tokens
+        self.pad_id = pad_id
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        self.config = model.config
+        if gradient_checkpointing and trainable:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
+        kwargs = {"mp_policy": mp} if mp is not None else {}
+        for layer in model.model.layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        self.model = model
+        self.world_size = dist.get_world_size()
+        if trainable:
+            model.train()
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, _lr_lambda(lr_schedule, warmup_steps, total_steps)
+            )
+        else:
+            model.eval()
+            model.requires_grad_(False)
+            self.optimizer = None
+            self.scheduler = None
+
+    # ---- forward -------------------------------------------------------------------------------
+    def _forward(
+        self, mb: MicroBatch, with_entropy: bool, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        R = mb.response_ids.shape[1]
+        keep = torch.arange(mb.prompt_width - 1, mb.prompt_width + R - 1)
+        out = self.model(
+            input_ids=mb.input_ids,
+            attention_mask=mb.attention_mask,
+            position_ids=mb.position_ids,
+            logits_to_keep=keep,
+            use_cache=False,
+        )
+        logits = out.logits.float()
+        log_z = torch.logsumexp(logits, dim=-1)
+        log_probs = logits.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1) - log_z
+        entropy = None
+        if with_entropy:
+            # Reported every step, but only differentiated when it is in the loss: no (b, R, V) graph.
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                probs = torch.softmax(logits, dim=-1)
+                entropy = log_z - (probs * logits).sum(-1)
+        return log_probs, entropy
+
+    def micro_batches(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[MicroBatch]:
+        return make_micro_batches(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
+
+    @torch.no_grad()
+    def compute_log_probs(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]], with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher-forced log-probs (N, R_max) of each response token (zeros past the end)."""
+        n, width = len(response_ids), max(max(len(r) for r in response_ids), 1)
+        log_probs = torch.zeros(n, width)
+        entropy = torch.zeros(n, width) if with_entropy else None
+        for mb in self.micro_batches(prompt_ids, response_ids):
+            lp, ent = self._forward(mb, with_entropy)
+            R = lp.shape[1]
+            log_probs[mb.rows, :R] = lp * mb.response_mask
+            if entropy is not None:
+                entropy[mb.rows, :R] = ent * mb.response_mask
+        return log_probs, entropy
+
+    # ---- update --------------------------------------------------------------------------------
+    def train_step(
+        self,
+        prompt_ids: list[list[int]],
+        response_ids: list[list[int]],
+        loss_fn: LossFn,
+        with_entropy: bool = True,
+        entropy_grad: bool = False,
+    ) -> dict[str, float]:
+        """One optimizer step over these rows: forward/backward per micro-batch, clip, step.
+
+        `loss_fn` must already divide by the global (all micro-batches, all ranks) normaliser and
+        multiply by the world size, since FSDP averages gradients over ranks.
+        """
+        assert self.optimizer is not None, "reference policy is frozen"
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        mbs = self.micro_batches(prompt_ids, response_ids)
+        for mb in mbs:
+            log_probs, entropy = self._forward(mb, with_entropy, entropy_grad)
+            loss, metrics = loss_fn(mb, log_probs, entropy)
+            loss.backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.scheduler.step()
+        sums["actor/grad_norm"] = grad_norm
+        sums["actor/micro_batches"] = float(len(mbs))
+        return sums
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer else 0.0
+
+    # ---- weights out / in ----------------------------------------------------------------------
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Unsharded parameters one at a time (every rank gets each tensor), HF names, tied ones once."""
+        seen: set[int] = set()
+        for name, param in self.model.named_parameters():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            tensor = param.full_tensor() if isinstance(param, DTensor) else param
+            yield name, tensor.detach()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model on rank 0 (CPU), empty elsewhere; for checkpoints."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self) -> dict:
+        return get_optimizer_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+
+    def load_optimizer_state(self, state: dict, scheduler_state: dict) -> None:
+        set_optimizer_state_dict(
+            self.model,
+            self.optimizer,
+            state,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+        self.scheduler.load_state_dict(scheduler_state)
+
+
+def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor

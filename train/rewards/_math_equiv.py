@@ -1,0 +1,496 @@
+"""Equivalence of two (already extracted) answers: cheap string/number checks and the full structural +
+sympy comparison.
+
+`quick_equiv` never touches sympy, so the trainer process can decide the common cases itself;
+`full_equiv` may call simplify() and therefore runs in a worker process under a time limit
+(see `_math_pool`). Expressions are built by the safe parser in `_math_parse`, never by sympify.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Callable
+from fractions import Fraction
+
+from train.rewards._math_text import has_percent, match_brace, normalize_answer
+
+REL_TOL = 1e-4
+_CHOICES = "ABCDE"
+
+# ---------------------------------------------------------------------------------------------------
+# cheap checks (no sympy)
+# ---------------------------------------------------------------------------------------------------
+_DEC = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
+_SCI_RE = re.compile(
+    rf"({_DEC})(?:[eE]([+-]?\d{{1,3}})|(?:\\times|\\cdot|\*|x)10\^\{{?([+-]?\d{{1,3}})\}}?)?"
+)
+_FRAC_RE = re.compile(r"(-?)\\frac\{(-?\d{1,30})\}\{(-?\d{1,30})\}|(-?\d{1,30})/(-?\d{1,30})")
+
+
+def quick_number(s: str) -> Fraction | None:
+    """Exact value of a plain number ('1,000', '2.5e3', '3\\times10^{4}', '\\frac{1}{2}', '-3/4'), else None."""
+    s = s.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s) else s
+    if len(s) > 80:
+        return None
+    m = _SCI_RE.fullmatch(s)
+    if m:
+        value = Fraction(m.group(1))
+        exp = m.group(2) or m.group(3)
+        return value * Fraction(10) ** int(exp) if exp else value
+    m = _FRAC_RE.fullmatch(s)
+    if m:
+        num, den = (m.group(2), m.group(3)) if m.group(2) is not None else (m.group(4), m.group(5))
+        if int(den) == 0:
+            return None
+        value = Fraction(int(num), int(den))
+        return -value if m.group(1) else value
+    return None
+
+
+def numbers_close(a: complex | float, b: complex | float, rel_tol: float = REL_TOL) -> bool:
+    """Relative tolerance as in the Qwen harness (math.isclose rel_tol=1e-4), plus a tiny absolute floor."""
+    return abs(a - b) <= max(rel_tol * max(abs(a), abs(b)), 1e-12)
+
+
+def gold_decimals(gold: str) -> int | None:
+    """Decimal places of a gold written as a plain decimal ('33.3' -> 1): such golds are rounded."""
+    m = re.fullmatch(r"-?\d+\.(\d+)", gold)
+    return len(m.group(1)) if m else None
+
+
+def _rounds_to(pred: complex, gold: complex, decimals: int | None) -> bool:
+    """A more precise prediction that rounds to a rounded decimal gold ('\\frac{100}{3}' vs '33.3')."""
+    if decimals is None or abs(pred.imag) > 0 or abs(gold.imag) > 0:
+        return False
+    diff = abs(pred.real - gold.real)
+    return diff <= 0.5 * 10.0**-decimals * (1 + 1e-9) and diff <= 5e-3 * abs(gold.real)
+
+
+def numbers_match(
+    pred: Fraction | complex, gold: Fraction | complex, percent: bool, decimals: int | None = None
+) -> bool:
+    """Close within tolerance (or rounding to a decimal gold); with percent also gold*100 or gold/100."""
+    if pred == gold:
+        return True
+    golds = [gold, gold * 100, gold / 100] if percent else [gold]
+    return any(
+        numbers_close(complex(pred), complex(g)) or _rounds_to(complex(pred), complex(g), decimals)
+        for g in golds
+    )
+
+
+def _pred_finer(p: str, g: str) -> int | None:
+    """Gold decimals when the prediction is more precise than the rounded decimal gold."""
+    d = gold_decimals(g)
+    if d is None:
+        return None
+    pd = gold_decimals(p)
+    return d if pd is None or pd > d else None
+
+
+def choice_letter(s: str) -> str | None:
+    """'(B)', 'B', '\\text{(B)}', 'B)' -> 'B'; None when s is not a bare choice."""
+    m = re.fullmatch(r"\(?\s*([A-Ea-e])\s*\)?[.:]?", s.strip())
+    return m.group(1).upper() if m else None
+
+
+def _pred_choice(pred: str) -> str | None:
+    """Qwen's choice_answer_clean: the last standalone capital A-E in the prediction."""
+    letter = choice_letter(pred)
+    if letter:
+        return letter
+    found = re.findall(r"\b([A-E])\b", pred)
+    return found[-1] if found else None
+
+
+def quick_equiv(pred: str, gold: str) -> bool | None:
+    """Decide without sympy when possible (equal strings, plain numbers, choices, words); None = undecided."""
+    p, g = normalize_answer(pred), normalize_answer(gold)
+    if p == g or p.lower() == g.lower():
+        return True
+    if not p or not g:
+        return False
+    g_choice = choice_letter(g) if len(g) <= 3 else None
+    if g_choice:
+        return _pred_choice(p) == g_choice
+    pn, gn = quick_number(p), quick_number(g)
+    if pn is not None and gn is not None:
+        return numbers_match(pn, gn, has_percent(pred) or has_percent(gold), _pred_finer(p, g))
+    if re.fullmatch(r"[A-Za-z]{4,}", p) and re.fullmatch(r"[A-Za-z]{4,}", g):
+        return False
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# structure: lists, tuples, intervals, sets, matrices, equations
+# ---------------------------------------------------------------------------------------------------
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def split_top(s: str, sep: str) -> list[str]:
+    """Split on `sep` outside any brackets (bracket types are not matched, so '[0,1)' nests fine)."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        c = s[i]
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif depth == 0 and s.startswith(sep, i):
+            parts.append(s[start:i])
+            i += len(sep)
+            start = i
+            continue
+        i += 1
+    parts.append(s[start:])
+    return parts
+
+
+def _wrapped(s: str) -> tuple[str, str, str] | None:
+    """(open, inner, close) when one bracket pair encloses the whole string."""
+    if len(s) < 2 or s[0] not in "([{" or s[-1] not in ")]}":
+        return None
+    depth = 0
+    for i, c in enumerate(s):
+        depth += c in _OPEN
+        depth -= c in _CLOSE
+        if depth == 0 and i < len(s) - 1:
+            return None
+    return s[0], s[1:-1], s[-1]
+
+
+def _expand_pm(items: list[str]) -> list[str]:
+    out = []
+    for item in items:
+        if item.count("\\pm") == 1 or item.count("\\mp") == 1:
+            out += [
+                item.replace("\\pm", "+").replace("\\mp", "-"),
+                item.replace("\\pm", "-").replace("\\mp", "+"),
+            ]
+        else:
+            out.append(item)
+    return [re.sub(r"^\+-|^-\+", "-", o).lstrip("+") or o for o in out]
+
+
+def _strip_name(item: str) -> str:
+    """'x=1' -> '1' inside lists ('x=1, y=2')."""
+    m = re.fullmatch(r"(?:[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+)=(.+)", item)
+    return m.group(1) if m else item
+
+
+def _interval_from_inequality(s: str) -> str | None:
+    """'x>3' -> '(3,\\infty)', '-1\\lex<2' -> '[-1,2)'; None when s is not a simple inequality."""
+    rel = r"(<|>|\\le|\\ge|\\leqslant|\\geqslant)"
+    m = re.fullmatch(rf"(.+?){rel}([a-zA-Z]){rel}(.+)", s)
+    if m and m.group(2)[0] == m.group(4)[0] and "=" not in s:
+        lo, hi = (m.group(1), m.group(5)) if m.group(2) in ("<", "\\le") else (m.group(5), m.group(1))
+        strict_lo, strict_hi = (m.group(2) in "<>"), (m.group(4) in "<>")
+        if m.group(2) not in ("<", "\\le"):
+            strict_lo, strict_hi = strict_hi, strict_lo
+        return ("(" if strict_lo else "[") + f"{lo},{hi}" + (")" if strict_hi else "]")
+    m = re.fullmatch(rf"([a-zA-Z]){rel}(.+)", s)
+    flipped = re.fullmatch(rf"(.+?){rel}([a-zA-Z])", s) if not m else None
+    if flipped:
+        flip = {
+            "<": ">",
+            ">": "<",
+            "\\le": "\\ge",
+            "\\ge": "\\le",
+            "\\leqslant": "\\ge",
+            "\\geqslant": "\\le",
+        }
+        m = re.fullmatch(
+            rf"([a-zA-Z]){rel}(.+)", f"{flipped.group(3)}{flip[flipped.group(2)]}{flipped.group(1)}"
+        )
+    if m:
+        op, v = m.group(2), m.group(3)
+        if op in (">", "\\ge", "\\geqslant"):
+            return ("(" if op == ">" else "[") + f"{v},\\infty)"
+        return f"(-\\infty,{v}" + (")" if op == "<" else "]")
+    return None
+
+
+def _matrix_cells(s: str) -> list[list[str]] | None:
+    m = re.fullmatch(r"\\begin\{pmatrix\}(.*)\\end\{pmatrix\}", s)
+    if not m:
+        return None
+    rows = [r for r in m.group(1).split("\\\\") if r.strip()]
+    return [[c.strip() for c in split_top(r, "&")] for r in rows]
+
+
+class Comparer:
+    """Full recursive comparison of two normalised answers; scalars go to `scalar_eq` (sympy)."""
+
+    def __init__(self, scalar_eq: Callable[[str, str, bool, int | None], bool], percent: bool):
+        self.scalar_eq = scalar_eq
+        self.percent = percent
+
+    def equal(self, p: str, g: str, depth: int = 0) -> bool:
+        if p == g or p.lower() == g.lower():
+            return True
+        if depth > 6 or not p or not g:
+            return False
+        for handler in (self._matrix, self._union, self._sequence):
+            verdict = handler(p, g, depth)
+            if verdict is not None:
+                return verdict
+        return self._scalar(p, g, depth)
+
+    def _matrix(self, p: str, g: str, depth: int) -> bool | None:
+        pm, gm = _matrix_cells(p), _matrix_cells(g)
+        if pm is None and gm is None:
+            return None
+        if pm is None or gm is None:
+            cells, other = (pm or gm), (g if pm is not None else p)
+            flat = [c for row in cells for c in row]
+            if len(cells[0]) != 1 and len(cells) != 1:
+                return False
+            w = _wrapped(other)
+            items = split_top(w[1] if w else other, ",")
+            return len(items) == len(flat) and all(self.equal(a, b, depth + 1) for a, b in zip(flat, items))
+        if [len(r) for r in pm] != [len(r) for r in gm]:
+            return False
+        return all(self.equal(a, b, depth + 1) for ra, rb in zip(pm, gm) for a, b in zip(ra, rb))
+
+    def _union(self, p: str, g: str, depth: int) -> bool | None:
+        pu, gu = split_top(p, "\\cup"), split_top(g, "\\cup")
+        if len(pu) == 1 and len(gu) == 1:
+            return None
+        return self._unordered(pu, gu, depth)
+
+    def _items(self, s: str) -> tuple[str, list[str]]:
+        """('bare'|'()'|'[]'|'[)'|'(]'|'{}'|'scalar', items)."""
+        w = _wrapped(s)
+        if w:
+            items = split_top(w[1], ",")
+            if len(items) > 1 or w[0] == "{":
+                return w[0] + w[2], _expand_pm([_strip_name(x) for x in items if x != ""])
+        items = split_top(s, ",")
+        if len(items) > 1:
+            return "bare", _expand_pm([_strip_name(x) for x in items if x != ""])
+        items = _expand_pm([s])
+        return ("bare", items) if len(items) > 1 else ("scalar", items)
+
+    def _sequence(self, p: str, g: str, depth: int) -> bool | None:
+        pk, pi = self._items(p)
+        gk, gi = self._items(g)
+        if pk == "scalar" and gk == "scalar":
+            return None
+        if pk == "scalar" or gk == "scalar":
+            pi_i, gi_i = _interval_from_inequality(p), _interval_from_inequality(g)
+            if pi_i or gi_i:
+                return self.equal(pi_i or p, gi_i or g, depth + 1)
+            if gk == "{}" and len(gi) == 1 or pk == "{}" and len(pi) == 1:
+                return self.equal(pi[0], gi[0], depth + 1)
+            return False
+        if len(pi) != len(gi):
+            return False
+        unordered = {"bare", "{}"}
+        if pk in unordered and gk in unordered:
+            return self._unordered(pi, gi, depth)
+        if pk != gk and not ({pk, gk} == {"bare", "()"}):
+            return False
+        return all(self.equal(a, b, depth + 1) for a, b in zip(pi, gi))
+
+    def _unordered(self, ps: list[str], gs: list[str], depth: int) -> bool:
+        if len(ps) != len(gs):
+            return False
+        remaining = list(gs)
+        for a in ps:
+            hit = next((j for j, b in enumerate(remaining) if self.equal(a, b, depth + 1)), None)
+            if hit is None:
+                return False
+            remaining.pop(hit)
+        return True
+
+    def _scalar(self, p: str, g: str, depth: int) -> bool:
+        pi_i, gi_i = _interval_from_inequality(p), _interval_from_inequality(g)
+        if (pi_i is None) != (gi_i is None):
+            return self.equal(pi_i or p, gi_i or g, depth + 1)
+        if pi_i is not None and gi_i is not None and self.equal(pi_i, gi_i, depth + 1):
+            return True
+        pl, gl = _choice_or_text(p), _choice_or_text(g)
+        if pl is not None and gl is not None:
+            return pl == gl
+        return self.scalar_eq(p, g, self.percent, _pred_finer(p, g))
+
+
+def _choice_or_text(s: str) -> str | None:
+    """Lower-cased plain words ('yes', 'Evelyn', 'no solution'), which sympy should not see."""
+    return s.lower() if re.fullmatch(r"[A-Za-z][A-Za-z' ]{2,}", s) else None
+
+
+def structural_equiv(pred: str, gold: str, scalar_eq: Callable[[str, str, bool, int | None], bool]) -> bool:
+    """Normalise both sides, then compare structure (lists/intervals/sets/matrices) and scalars."""
+    percent = has_percent(pred) or has_percent(gold)
+    p, g = normalize_answer(pred, strip_var=False), normalize_answer(gold, strip_var=False)
+    return Comparer(scalar_eq, percent).equal(p, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# sympy scalars (worker side)
+# ---------------------------------------------------------------------------------------------------
+_NAME_RE = re.compile(r"(?:[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+|[a-zA-Z]\([a-z]\))")
+_REL_OPS = ("\\le", "\\ge", "\\ne", "<", ">", "=")
+
+
+def is_name(s: str) -> bool:
+    """A variable-like left-hand side: 'x', 'k', 'a_1', '\\theta', 'f(x)'."""
+    return _NAME_RE.fullmatch(s.strip()) is not None
+
+
+def reduce_chain(s: str) -> str:
+    """'x=5+5+1=11' -> 'x=11', '1=y=0' -> '0', 'x\\approx 11' -> '11', '1/3\\approx0.33' -> '1/3'."""
+    parts = split_top(s, "\\approx")
+    if len(parts) > 1:
+        s = parts[-1] if is_name(parts[0]) else parts[0]
+    eq = split_top(s, "=")
+    if len(eq) > 2:
+        s = f"{eq[0]}={eq[-1]}" if is_name(eq[0]) else eq[-1]
+    return s
+
+
+def relation(s: str) -> tuple[str, str, str] | None:
+    """(op, lhs, rhs) for one top-level relation (=, <, >, \\le, \\ge, \\ne), else None."""
+    found = None
+    for op in _REL_OPS:
+        parts = split_top(s, op)
+        if len(parts) == 2 and (op != "=" or not re.search(r"\\[lgn]e$", parts[0])):
+            if found is not None:
+                return None
+            found = (op, parts[0], parts[1])
+        elif len(parts) > 2:
+            return None
+    if found and found[0] in ("<", ">") and ("\\le" in s or "\\ge" in s):
+        return None
+    return found
+
+
+def sympy_scalar_eq(p: str, g: str, percent: bool, decimals: int | None = None) -> bool:
+    """Scalars, equations, inequalities via the safe parser; numbers within REL_TOL, symbols via points."""
+    import sympy
+
+    from train.rewards._math_parse import ParseError, parse_math
+
+    p, g = reduce_chain(p), reduce_chain(g)
+    pr, gr = relation(p), relation(g)
+    if (pr is None) != (gr is None):
+        rel, other = (pr, g) if pr else (gr, p)
+        if rel[0] != "=" or not is_name(rel[1]):
+            return False
+        p, g = (rel[2], other) if pr else (other, rel[2])
+        pr = gr = None
+    symbols: dict[str, sympy.Symbol] = {}
+    try:
+        if pr and gr:
+            return _relations_equal(pr, gr, lambda t: parse_math(t, symbols))
+        a, b = parse_math(p, symbols), parse_math(g, symbols)
+    except ParseError:
+        return False
+    return expr_equal(a, b, percent, decimals)
+
+
+def _relations_equal(pr: tuple[str, str, str], gr: tuple[str, str, str], parse: Callable) -> bool:
+    """Equations up to a nonzero factor; inequalities up to a positive factor (x<1 == -x>-1)."""
+    pk, pd = _canonical(pr, parse)
+    gk, gd = _canonical(gr, parse)
+    if pk != gk:
+        return False
+    ratio = _constant_ratio(pd, gd)
+    if ratio is None or abs(ratio) < 1e-12:
+        return False
+    return pk in ("=", "ne") or (abs(ratio.imag) < 1e-9 and ratio.real > 0)
+
+
+def _canonical(rel: tuple[str, str, str], parse: Callable) -> tuple[str, object]:
+    op, lhs, rhs = rel
+    left, right = parse(lhs), parse(rhs)
+    if op in ("<", "\\le"):
+        return ("strict" if op == "<" else "weak"), right - left
+    if op in (">", "\\ge"):
+        return ("strict" if op == ">" else "weak"), left - right
+    return ("=" if op == "=" else "ne"), left - right
+
+
+def _to_complex(x: object) -> complex | None:
+    import sympy
+
+    try:
+        v = complex(sympy.N(x, 20))
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError, AttributeError):
+        return None
+    return v if math.isfinite(v.real) and math.isfinite(v.imag) else None
+
+
+def _points(symbols: set, n: int = 4) -> list[dict]:
+    rng = random.Random(1234)
+    ordered = sorted(symbols, key=lambda s: s.name)
+    return [{s: rng.uniform(0.3, 2.7) for s in ordered} for _ in range(n)]
+
+
+def expr_equal(a: object, b: object, percent: bool = False, decimals: int | None = None) -> bool:
+    """sympy equality: exact, numeric (REL_TOL, percent variants), random-point test, then simplify."""
+    import sympy
+
+    if a == b:
+        return True
+    if a.has(sympy.oo, -sympy.oo, sympy.zoo) or b.has(sympy.oo, -sympy.oo, sympy.zoo):
+        return sympy.simplify(a - b) == 0 if not (a.is_number and b.is_number) else False
+    syms = a.free_symbols | b.free_symbols
+    if not syms:
+        va, vb = _to_complex(a), _to_complex(b)
+        if va is None or vb is None:
+            return False
+        return numbers_match(va, vb, percent, decimals)
+    if a.free_symbols != b.free_symbols and (a.is_number or b.is_number):
+        return False
+    verdict = _random_point_test(a, b, syms)
+    if verdict is not None:
+        return verdict
+    return sympy.simplify(a - b) == 0
+
+
+def _random_point_test(a: object, b: object, syms: set) -> bool | None:
+    good = 0
+    for point in _points(syms):
+        va, vb = _to_complex(a.subs(point)), _to_complex(b.subs(point))
+        if va is None or vb is None:
+            continue
+        if not numbers_close(va, vb, 1e-6):
+            return False
+        good += 1
+    return True if good >= 2 else None
+
+
+def _constant_ratio(dp: object, dg: object) -> complex | None:
+    """dp/dg when it is the same constant at every sample point (None otherwise)."""
+    if expr_equal(dp, dg):
+        return 1 + 0j
+    if expr_equal(dp, -dg):
+        return -1 + 0j
+    syms = dp.free_symbols | dg.free_symbols
+    if not syms:
+        va, vb = _to_complex(dp), _to_complex(dg)
+        return va / vb if va is not None and vb and abs(vb) > 1e-12 else None
+    ratios = []
+    for point in _points(syms):
+        va, vb = _to_complex(dp.subs(point)), _to_complex(dg.subs(point))
+        if va is None or vb is None or abs(vb) < 1e-12 or abs(va) < 1e-12:
+            continue
+        ratios.append(va / vb)
+    if len(ratios) >= 2 and all(numbers_close(r, ratios[0], 1e-6) for r in ratios):
+        return ratios[0]
+    return None
+
+
+def full_equiv(pred: str, gold: str) -> bool:
+    """Everything: cheap checks, then structure and sympy (call under a time limit)."""
+    quick = quick_equiv(pred, gold)
+    if quick is not None:
+        return quick
+    return structural_equiv(pred, gold, sympy_scalar_eq)
+
+
+__all__ = ["full_equiv", "quick_equiv", "quick_number", "match_brace", "numbers_match", "_CHOICES"]

@@ -1,0 +1,249 @@
+"""Persistent worker processes that run sympy comparisons under a hard per-comparison time limit.
+
+sympy can hang (simplify on a nasty expression, C-level big-int work), and a hung call can't be
+interrupted from another thread, so comparisons run in child processes. Each worker does one comparison
+at a time, so the parent knows exactly when each started: a worker past its deadline is killed and
+replaced alone while the others keep going. Workers are fresh interpreters (`python -m` via subprocess,
+like the spawn start method but without re-running the caller's __main__), never fork, because the
+trainer process may hold threads. Inside a worker a SIGALRM soft limit usually stops sympy first; the
+kill is the backstop. Workers also get an address-space limit. The protocol is JSON lines on stdin/stdout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+KILL_GRACE_S = 0.5
+STARTUP_TIMEOUT_S = 60.0
+WORKER_MEMORY_BYTES = 4 << 30
+
+
+def _alarm_handler(signum: int, frame: object) -> None:
+    raise TimeoutError("comparison timed out")
+
+
+def _compare_with_alarm(pred: str, gold: str, timeout_s: float) -> bool:
+    import signal
+
+    from train.rewards._math_equiv import full_equiv
+
+    signal.signal(signal.SIGALRM, _alarm_handler)
+    signal.setitimer(signal.ITIMER_REAL, max(timeout_s, 0.01))
+    try:
+        return bool(full_equiv(pred, gold))
+    except Exception:  # noqa: BLE001 - time-outs and grader bugs score 0, never crash a training run
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def worker_main() -> None:
+    """Child loop: read {"i", "p", "g", "t"} lines from stdin, answer {"i", "ok"} lines on stdout."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):
+        pass
+    import train.rewards._math_equiv  # noqa: F401 - import before reporting ready
+
+    out = sys.stdout
+    out.write('{"ready": true}\n')
+    out.flush()
+    for line in sys.stdin:
+        msg = json.loads(line)
+        ok = _compare_with_alarm(str(msg["p"]), str(msg["g"]), float(msg["t"]))
+        out.write(json.dumps({"i": msg["i"], "ok": ok}) + "\n")
+        out.flush()
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "train.rewards._math_pool"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=_worker_env(),
+            text=True,
+            bufsize=1,
+        )
+        self.ready = False
+        self.born = time.monotonic()
+        self.task: int | None = None
+        self.started = 0.0
+
+    def send(self, idx: int, pred: str, gold: str, timeout_s: float) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"i": idx, "p": pred, "g": gold, "t": timeout_s}) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EOFError("worker exited")
+        return json.loads(line)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=5)
+        self._close_pipes()
+
+    def stop(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=1)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+
+
+class GraderPool:
+    """Runs full comparisons in `num_workers` processes; thread-safe (calls are serialised)."""
+
+    def __init__(self, num_workers: int | None = None):
+        self.num_workers = max(1, num_workers or min(4, os.cpu_count() or 1))
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.kills = 0
+        self._startup_failures = 0
+
+    def _fill(self) -> None:
+        self._workers = [w for w in self._workers if w.proc.poll() is None]
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker())
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.kill()
+        self._workers.remove(worker)
+        self._workers.append(_Worker())
+
+    def run(self, tasks: list[tuple[str, str]], timeout_s: float) -> list[bool]:
+        """Compare every (pred, gold); a comparison past timeout_s (+grace) is killed and scored False."""
+        results = [False] * len(tasks)
+        if not tasks:
+            return results
+        with self._lock:
+            self._fill()
+            queue = deque(range(len(tasks)))
+            while queue or any(w.task is not None for w in self._workers):
+                self._dispatch(queue, tasks, timeout_s)
+                self._collect(results, timeout_s)
+        return results
+
+    def _dispatch(self, queue: deque[int], tasks: list[tuple[str, str]], timeout_s: float) -> None:
+        for w in self._workers:
+            if not queue:
+                return
+            if w.ready and w.task is None:
+                idx = queue.popleft()
+                w.task, w.started = idx, time.monotonic()
+                try:
+                    w.send(idx, tasks[idx][0], tasks[idx][1], timeout_s)
+                except OSError:
+                    w.task = None
+                    queue.appendleft(idx)
+                    self._replace(w)
+                    return
+
+    def _deadline(self, w: _Worker, timeout_s: float) -> float:
+        if not w.ready:
+            return w.born + STARTUP_TIMEOUT_S
+        return w.started + timeout_s + KILL_GRACE_S if w.task is not None else float("inf")
+
+    def _collect(self, results: list[bool], timeout_s: float) -> None:
+        waiting = [w for w in self._workers if w.task is not None or not w.ready]
+        if not waiting:
+            return
+        next_deadline = min(self._deadline(w, timeout_s) for w in waiting)
+        with selectors.DefaultSelector() as sel:
+            for w in waiting:
+                sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+            events = sel.select(timeout=max(0.0, next_deadline - time.monotonic()))
+        for key, _ in events:
+            self._receive(key.data, results)
+        now = time.monotonic()
+        for w in list(self._workers):
+            if (w.task is not None or not w.ready) and now > self._deadline(w, timeout_s):
+                self.kills += 1
+                self._replace(w)
+
+    def _receive(self, w: _Worker, results: list[bool]) -> None:
+        try:
+            msg = w.recv()
+        except (EOFError, OSError, ValueError):
+            if not w.ready:
+                self._startup_failures += 1
+                if self._startup_failures > 3:
+                    raise RuntimeError("math grader workers fail to start") from None
+            w.task = None
+            self._replace(w)  # crashed (e.g. out of memory): its comparison scores False
+            return
+        if msg.get("ready"):
+            w.ready = True
+            return
+        if msg.get("i") == w.task and w.task is not None:
+            results[w.task] = bool(msg.get("ok"))
+        w.task = None
+
+    def close(self) -> None:
+        with self._lock:
+            for w in self._workers:
+                w.stop()
+            self._workers = []
+
+
+_POOL: GraderPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def get_pool(num_workers: int | None = None) -> GraderPool:
+    """The module-level pool, created lazily (and recreated if a different size is asked for)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or (num_workers is not None and num_workers != _POOL.num_workers):
+            if _POOL is not None:
+                _POOL.close()
+            _POOL = GraderPool(num_workers)
+        return _POOL
+
+
+@atexit.register
+def shutdown_pool() -> None:
+    """Stop the worker processes (also called at interpreter exit)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is not None:
+            _POOL.close()
+            _POOL = None
+
+
+if __name__ == "__main__":
+    worker_main()

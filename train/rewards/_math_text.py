@@ -1,0 +1,326 @@
+"""String side of the math grader: answer extraction and normalisation (Qwen2.5-Math conventions).
+
+Pure string work with regexes only, so it is cheap enough to run in the trainer process for every
+response; all sympy work happens elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+# ---------------------------------------------------------------------------------------------------
+# extraction
+# ---------------------------------------------------------------------------------------------------
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_MC_RE = re.compile(
+    r"(?:answer|choice|option)(?:\s+is)?\s*[:：]?\s*(?:\*\*)?\s*(?:\\text\{)?\(?([A-E])\)?\}?(?:\*\*)?\s*\.?\s*$",
+    re.IGNORECASE,
+)
+_NUMBER_RE = re.compile(r"-?\d*\.?\d+")
+_MATH_SPAN_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+
+def match_brace(text: str, start: int) -> int:
+    """Index of the '}' closing the '{' at `start`, or -1 when unbalanced."""
+    depth = 0
+    i = start
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} / \\fbox{...} (brace-matched), also the brace-less "\\boxed 5"."""
+    matches = list(_BOX_RE.finditer(text))
+    for m in reversed(matches):
+        rest = text[m.end() :]
+        stripped = rest.lstrip()
+        if stripped.startswith("{"):
+            start = m.end() + len(rest) - len(stripped)
+            end = match_brace(text, start)
+            if end < 0:
+                continue
+            return text[start + 1 : end].strip()
+        value = re.split(r"[$\n]", stripped, maxsplit=1)[0].strip()
+        if value:
+            return value
+    return None
+
+
+def _cut_sentence(text: str) -> str:
+    """'5. I hope it is correct.' -> '5': keep the answer, not the chatter after it."""
+    text = text.strip().split("\n", 1)[0]
+    text = re.split(r"(?<!\\)\.\s", text + " ", maxsplit=1)[0]
+    return text.strip()
+
+
+def _strip_math_delims(text: str) -> str:
+    text = text.strip()
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if text.startswith(left) and text.endswith(right) and len(text) >= len(left) + len(right):
+            return text[len(left) : len(text) - len(right)].strip()
+    return text
+
+
+def _looks_bare(text: str) -> bool:
+    """True when the whole text is an answer (e.g. '$\\frac{1}{3}$'), not prose."""
+    if len(text) > 120 or "\n" in text.strip():
+        return False
+    body = re.sub(r"\\[a-zA-Z]+", " ", _strip_math_delims(text))
+    return not re.search(r"[A-Za-z]{2,}[\s,.:;]+[A-Za-z]{2,}", body)
+
+
+def _last_span_answer(text: str, number: re.Match[str]) -> str | None:
+    """When the last number sits inside the last $...$ span, take the span ('$\\frac{2}{3}$' not '3')."""
+    spans = list(_MATH_SPAN_RE.finditer(text))
+    if not spans:
+        return None
+    span = spans[-1]
+    if not (span.start() <= number.start() and number.end() <= span.end()):
+        return None
+    content = next(g for g in span.groups() if g is not None)
+    parts = re.split(r"=|\\approx|\\Rightarrow|\\implies|\\to", content)
+    return parts[-1].strip() or None
+
+
+def extract_answer(text: str) -> str | None:
+    """Pull the final answer out of a model response (first applicable rule wins), or None."""
+    if not text:
+        return None
+    text = text.replace("\u043a\u0438", "")
+    has_box = _BOX_RE.search(text) is not None
+    if not has_box:
+        m = _MC_RE.search(text.rstrip())
+        if m:
+            return m.group(1).upper()
+    if "final answer is $" in text and "$. I hope" in text:
+        tail = text.split("final answer is $", 1)[1]
+        return tail.split("$. I hope", 1)[0].strip()
+    if has_box:
+        boxed = last_boxed(text)
+        if boxed is not None:
+            return boxed
+    for marker in ("he answer is", "final answer is"):
+        if marker in text:
+            value = _strip_math_delims(_cut_sentence(text.rsplit(marker, 1)[1]).lstrip(":").strip())
+            if value:
+                return value
+    if _looks_bare(text):
+        return _strip_math_delims(text)
+    numbers = list(_NUMBER_RE.finditer(text.replace(",", "")))
+    if not numbers:
+        return None
+    spans_answer = (
+        _last_span_answer(text, list(_NUMBER_RE.finditer(text))[-1]) if "$" in text or "\\" in text else None
+    )
+    return spans_answer or numbers[-1].group()
+
+
+# ---------------------------------------------------------------------------------------------------
+# normalisation
+# ---------------------------------------------------------------------------------------------------
+_UNIT_WORDS = (
+    "square units|sq units|units?|square (?:feet|foot|inches|inch|meters|metres|centimeters|miles|yards|units)"
+    "|sq\\.? ?(?:ft|in|m|cm|km|units)|cubic (?:feet|inches|meters|centimeters|units|yards)"
+    "|degrees?(?: (?:celsius|fahrenheit))?|dollars?|cents?|percent|pct|percentage"
+    "|inches|inch|feet|foot|ft|yards?|miles?|mph|km/h|kmh|kilometers?|kilometres?|km|meters?|metres?"
+    "|centimeters?|centimetres?|cm|millimeters?|mm|liters?|litres?|ml|gallons?|pounds?|lbs?|ounces?|oz"
+    "|kilograms?|kg|grams?|seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?|months?|years?"
+    "|people|persons?|students?|apples?|eggs?|books?|cookies?|pages?|times|ways?|points?|cards?|coins?"
+    "|marbles?|boxes|box|balls?|children|kids|men|women|boys|girls|pieces?|items?|trees?|cups?"
+    "|rs\\.?|rupees?|yuan|euros?|square|sq|cubic|cm\\^?\\{?[23]\\}?|m\\^?\\{?[23]\\}?|in\\^?\\{?[23]\\}?"
+    "|ft\\^?\\{?[23]\\}?|units\\^?\\{?[23]\\}?"
+)
+_TRAILING_UNIT_RE = re.compile(
+    r"(?<=[\d}.)])\s*(?:" + _UNIT_WORDS + r")\.?\s*$|(?<=\d)\s+(?:m|s|h|g|l)\.?\s*$", re.IGNORECASE
+)
+_WORD_NUMBERS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen seventeen eighteen nineteen twenty".split()
+    )
+}
+_TEXT_CMDS = r"text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|hbox|textnormal|boldsymbol"
+_TEXT_CMD_RE = re.compile(r"\\(?:" + _TEXT_CMDS + r")\s*\{([^{}]*)\}")
+_TRAILING_TEXT_RE = re.compile(r"\\(?:" + _TEXT_CMDS + r")\s*\{([^{}]*)\}\s*$")
+_SIZE_CMD_RE = re.compile(
+    r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)(?![a-zA-Z])"
+)
+
+
+def has_percent(answer: str) -> bool:
+    """Whether the answer is stated in percent (enables the x100 / /100 numeric match)."""
+    return bool(re.search(r"%|\\%|percent|\bpct\b", answer, re.IGNORECASE))
+
+
+def _is_unit_text(content: str) -> bool:
+    """A trailing \\text{...} that is a unit/word ('cm', ' square units'), not part of the value."""
+    c = content.replace("~", " ")
+    if re.fullmatch(r"\s*(?:or|and)\s*", c):
+        return False
+    return bool(re.fullmatch(r"\s*[A-Za-z][A-Za-z .\-/^{}0-9]*", c)) and (
+        c.startswith((" ", "~")) or len(c.strip()) > 1 or content.startswith("~")
+    )
+
+
+def _remove_trailing_units(s: str) -> str:
+    for _ in range(3):
+        m = _TRAILING_TEXT_RE.search(s)
+        if m and s[: m.start()].strip() and _is_unit_text(m.group(1)):
+            s = s[: m.start()].rstrip()
+            continue
+        new = _TRAILING_UNIT_RE.sub("", s).rstrip()
+        if new == s or not new:
+            break
+        s = new
+    return s
+
+
+def _fix_fracs(s: str) -> str:
+    """\\frac12 -> \\frac{1}{2}, \\frac1b -> \\frac{1}{b}, \\frac{a}b -> \\frac{a}{b}."""
+    out = []
+    parts = s.split("\\frac")
+    out.append(parts[0])
+    for part in parts[1:]:
+        out.append("\\frac")
+        if part.startswith("{"):
+            end = match_brace(part, 0)
+            if end < 0:
+                out.append(part)
+                continue
+            num, rest = part[: end + 1], part[end + 1 :]
+        elif part:
+            num, rest = "{" + part[0] + "}", part[1:]
+        else:
+            out.append(part)
+            continue
+        if rest and rest[0] not in "{\\":
+            rest = "{" + rest[0] + "}" + rest[1:]
+        out.append(num + rest)
+    return "".join(out)
+
+
+def _fix_sqrt(s: str) -> str:
+    return re.sub(r"\\sqrt(?![a-zA-Z{\[])\s*(\w)", r"\\sqrt{\1}", s)
+
+
+def _fix_slash(s: str) -> str:
+    m = re.fullmatch(r"(-?)(\d+)/(\d+)", s)
+    return f"{m.group(1)}\\frac{{{m.group(2)}}}{{{m.group(3)}}}" if m else s
+
+
+def _fix_mixed_number(s: str) -> str:
+    """'2\\frac{1}{2}' or '2 1/2' is the mixed number 5/2 (never 2*1/2 in an answer)."""
+    m = re.fullmatch(r"(-?)(\d+)\s*(?:\\frac\{(\d+)\}\{(\d+)\}|\s(\d+)/(\d+))", s)
+    if not m:
+        return s
+    num = int(m.group(3) or m.group(5))
+    den = int(m.group(4) or m.group(6))
+    if den == 0 or num >= den:
+        return s
+    value = int(m.group(2)) + Fraction(num, den)
+    sign = "-" if m.group(1) else ""
+    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+def _strip_var_prefix(s: str) -> str:
+    """'x = 3' -> '3', 'k=\\frac12' -> '\\frac12' (a short name on the left of a single '=')."""
+    if s.count("=") != 1 or re.search(r"[<>]|\\[lg]e", s):
+        return s
+    lhs, rhs = s.split("=")
+    if re.fullmatch(r"\s*(?:[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+|[a-zA-Z]\([a-z]\))\s*", lhs) and rhs.strip():
+        return rhs.strip()
+    return s
+
+
+def _drop_outer_braces(s: str) -> str:
+    while s.startswith("{") and match_brace(s, 0) == len(s) - 1 and "," not in s:
+        s = s[1:-1].strip()
+    return s
+
+
+def _repeating_decimal(s: str) -> str:
+    """'0.\\overline{3}' -> '\\frac{1}{3}', '0.1\\overline{6}' -> '\\frac{1}{6}'."""
+    m = re.fullmatch(r"(-?)(\d*)\.(\d*)\\overline\{(\d{1,12})\}", s)
+    if not m:
+        return s
+    whole, fixed, rep = int(m.group(2) or "0"), m.group(3), m.group(4)
+    value = whole + Fraction(int(fixed or "0"), 10 ** len(fixed))
+    value += Fraction(int(rep), (10 ** len(rep) - 1) * 10 ** len(fixed))
+    return f"{m.group(1)}\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+def normalize_answer(answer: str, strip_var: bool = True) -> str:
+    """Canonical string form of an answer, so that trivially different spellings compare equal.
+
+    strip_var=False keeps a leading 'y =' (the structural comparison needs equations intact).
+    """
+    s = str(answer).strip().replace("\n", " ")
+    s = _strip_math_delims(s)
+    boxed = last_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
+    s = boxed if boxed is not None else s
+    s = s.strip().rstrip(".").strip()
+    s = re.sub(r"\\[!,]|\{,\}", lambda m: "," if m.group() == "{,}" else "", s)
+    s = re.sub(r"\\[;: ]|~|\\q?quad(?![a-zA-Z])", " ", s)
+    s = s.replace("\\displaystyle", "").replace("\\mathrm{~", "\\mathrm{ ")
+    s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
+    s = _SIZE_CMD_RE.sub("", s)
+    s = s.replace("\\{", "{").replace("\\}", "}")
+    s = re.sub(
+        r"\\begin\{(?:array|bmatrix|matrix|smallmatrix|vmatrix)\}(?:\{[^{}]*\})?", r"\\begin{pmatrix}", s
+    )
+    s = re.sub(r"\\end\{(?:array|bmatrix|matrix|smallmatrix|vmatrix)\}", r"\\end{pmatrix}", s)
+    s = s.replace("\\neq", "\\ne").replace("\\leqslant", "\\le").replace("\\geqslant", "\\ge")
+    s = s.replace("\\leq", "\\le").replace("\\geq", "\\ge").replace(">=", "\\ge").replace("<=", "\\le")
+    s = s.replace("!=", "\\ne").replace("\\lt", "<").replace("\\gt", ">")
+    s = (
+        s.replace("≤", "\\le")
+        .replace("≥", "\\ge")
+        .replace("≠", "\\ne")
+        .replace("π", "\\pi")
+        .replace("∞", "\\infty")
+    )
+    s = s.replace("−", "-").replace("\\dots", "").replace("\\ldots", "")
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree|\\circ", "", s)
+    s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+    s = _remove_trailing_units(s.strip())
+    s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
+    s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
+    s = re.sub(r"\\operatorname\{([^{}]*)\}", r"\\\1", s)
+    s = re.sub(r"(?:,\s*)?\s(?:or|and)\s+", ",", s)
+    s = _WORD_NUMBERS.get(s.strip().lower(), s)
+    s = re.sub(r"^\s*[a-zA-Z]\s*\\in\s*", "", s)
+    s = re.sub(r"\\(?:varnothing|emptyset|empty)(?![a-zA-Z])", r"\\emptyset", s)
+    s = re.sub(r"\\infin(?:ity)?(?![a-zA-Z])|\binfinity\b", r"\\infty", s)
+    s = re.sub(r"\+\s*\\infty", r"\\infty", s)
+    s = s.replace("\\mathbb{R}", "(-\\infty,\\infty)").replace("\\mathbb R", "(-\\infty,\\infty)")
+    s = s.replace("\\dagger", "").replace("\\prime", "'")
+    s = re.sub(r"(?<![\d}])\.(?=\d)", "0.", s)
+    s = _strip_var_prefix(s) if strip_var else s
+    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\x00", s)
+    s = re.sub(r"(?<=\d)\s+(?=\d{3}(?!\d))", "", s)  # "1 000" -> "1000"
+    s = _fix_mixed_number(s.strip())
+    s = re.sub(r"\s+", "", s).replace("\x00", " ")
+    s = _repeating_decimal(_fix_sqrt(_fix_fracs(s)))
+    s = re.sub(r"(\d)\.0+(?![\d])", r"\1", s)
+    s = re.sub(r"(\d\.\d*?[1-9])0+(?![\d])", r"\1", s)
+    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):
+        s = s.replace(",", "")
+    s = re.sub(r"(?:\\\\|\\|,|\.|;)+$", "", s)
+    s = s.lstrip(":").strip()
+    if s.startswith("+") and len(s) > 1 and "," not in s:
+        s = s[1:]
+    s = _drop_outer_braces(s)
+    return _fix_slash(s)

@@ -1,0 +1,175 @@
+"""The project's one math answer grader: RL reward and `evals.math` both use it.
+
+Follows the Qwen2.5-Math evaluation harness (docs/evals.md, "Math"): extract the final answer
+(choice letter, "final answer is $..$. I hope", last \\boxed{}, "the answer is", last number),
+normalise it, then compare: strings, numbers (rel tol 1e-4), choices, tuples/intervals, sets, matrices,
+equations, and finally sympy.
+
+Safety: model text never reaches eval/exec/sympify; a whitelist parser (`_math_parse`) builds sympy
+objects and rejects absurd numbers. Every sympy comparison runs in a worker process with a hard time
+limit (`_math_pool`); cheap cases are decided in the calling process so the common case stays fast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from train.rewards._math_equiv import quick_equiv
+from train.rewards._math_pool import get_pool, shutdown_pool
+from train.rewards._math_text import extract_answer as _extract
+from train.rewards._math_text import last_boxed, normalize_answer
+
+__all__ = [
+    "MathReward",
+    "extract_answer",
+    "gold_answer",
+    "grade",
+    "grade_batch",
+    "is_equiv",
+    "math_reward",
+    "normalize_answer",
+    "shutdown_pool",
+]
+
+_CACHE_SIZE = 50_000
+_cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
+
+
+def extract_answer(text: str) -> str | None:
+    """Final answer of a response by the harness's rules (first that applies), or None if there is none."""
+    return _extract(text)
+
+
+def _gold_text(gold: str) -> str:
+    """Golds are bare answers, but tolerate '$...$' and '\\boxed{...}' wrappers."""
+    gold = str(gold).strip()
+    if "\\boxed" in gold or "\\fbox" in gold:
+        return last_boxed(gold) or gold
+    return gold
+
+
+def _cache_get(key: tuple[str, str]) -> bool | None:
+    value = _cache.get(key)
+    if value is not None:
+        _cache.move_to_end(key)
+    return value
+
+
+def _cache_put(key: tuple[str, str], value: bool) -> None:
+    _cache[key] = value
+    if len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+
+
+def _quick(pred: str, gold: str) -> bool | None:
+    try:
+        return quick_equiv(pred, gold)
+    except (RecursionError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+
+
+def _equiv_many(pairs: list[tuple[str | None, str]], timeout_s: float, num_workers: int | None) -> list[bool]:
+    """Decide cheap pairs here, send the rest (deduplicated, cache-checked) to the worker pool."""
+    out: list[bool | None] = []
+    pending: dict[tuple[str, str], list[int]] = {}
+    for i, (pred, gold) in enumerate(pairs):
+        if pred is None or not str(pred).strip():
+            out.append(False)
+            continue
+        key = (str(pred), _gold_text(gold))
+        verdict = _quick(*key)
+        verdict = _cache_get(key) if verdict is None else verdict
+        out.append(verdict)
+        if verdict is None:
+            pending.setdefault(key, []).append(i)
+    if pending:
+        keys = list(pending)
+        results = get_pool(num_workers).run(keys, timeout_s)
+        for key, ok in zip(keys, results):
+            _cache_put(key, ok)
+            for i in pending[key]:
+                out[i] = ok
+    return [bool(v) for v in out]
+
+
+def is_equiv(prediction: str, gold: str, timeout_s: float = 3.0) -> bool:
+    """Whether an extracted prediction equals the gold answer (hard time limit; a time-out is False)."""
+    return _equiv_many([(prediction, gold)], timeout_s, None)[0]
+
+
+def grade(response: str, gold: str, timeout_s: float = 3.0) -> float:
+    """1.0 if the response's extracted answer equals gold, else 0.0."""
+    return 1.0 if is_equiv(extract_answer(response) or "", gold, timeout_s) else 0.0
+
+
+def grade_batch(
+    responses: list[str], golds: list[str], timeout_s: float = 3.0, num_workers: int | None = None
+) -> list[float]:
+    """Grade many responses: cheap cases inline, the rest in parallel workers, each with a hard limit."""
+    if len(responses) != len(golds):
+        raise ValueError(f"{len(responses)} responses but {len(golds)} golds")
+    pairs = [(extract_answer(r or ""), g) for r, g in zip(responses, golds)]
+    return [1.0 if ok else 0.0 for ok in _equiv_many(pairs, timeout_s, num_workers)]
+
+
+def math_reward(
+    responses: list[str], ground_truths: list[str], timeout_s: float = 3.0, num_workers: int | None = None
+) -> list[float]:
+    """Trainer entry point: one 0/1 correctness score per response."""
+    return grade_batch(responses, ground_truths, timeout_s=timeout_s, num_workers=num_workers)
+
+
+@dataclass
+class MathReward:
+    """Configurable reward callable: `MathReward()(responses, ground_truths) -> list[float]`."""
+
+    timeout_s: float = 3.0
+    num_workers: int | None = None
+    correct: float = 1.0
+    incorrect: float = 0.0
+
+    def __call__(self, responses: list[str], ground_truths: list[str]) -> list[float]:
+        scores = grade_batch(responses, ground_truths, self.timeout_s, self.num_workers)
+        return [self.correct if s == 1.0 else self.incorrect for s in scores]
+
+
+_SOURCE_ALIASES = {
+    "math": "math500",
+    "math500": "math500",
+    "math_500": "math500",
+    "aime": "aime24",
+    "aime24": "aime24",
+    "amc": "amc23",
+    "amc23": "amc23",
+    "gsm8k": "gsm8k",
+    "minerva": "minerva_math",
+    "minerva_math": "minerva_math",
+}
+
+
+def _number_text(value: object) -> str:
+    """amc23 stores 27.0: render integral floats as '27'."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def gold_answer(row: dict, data_source: str) -> str:
+    """Gold answer of a benchmark row, per data set convention (see docs/evals.md)."""
+    source = _SOURCE_ALIASES.get(data_source.lower().replace("-", "_"), data_source.lower())
+    if source == "gsm8k":
+        return str(row["answer"]).split("####")[-1].strip().replace(",", "")
+    if source == "minerva_math":
+        boxed = last_boxed(str(row["solution"]))
+        if boxed is None:
+            raise ValueError("minerva row without \\boxed answer")
+        return boxed
+    if "answer" in row and row["answer"] is not None:
+        return _number_text(row["answer"])
+    if "solution" in row:
+        boxed = last_boxed(str(row["solution"]))
+        if boxed is not None:
+            return boxed
+    raise KeyError(f"no gold answer in row for {data_source}")

@@ -1,0 +1,68 @@
+"""The rollout engine interface: token ids in, sampled token ids and their log-probs out.
+
+Engines never see text or chat templates: the trainer tokenizes once, so the ids the engine samples
+from are exactly the ids the policy is trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling settings for one `generate` call (from the `rollout` config)."""
+
+    n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 64
+    seed: int = 0  # request i of a call samples with seed + i: reproducible whatever the batch
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Rollout:
+    """n samples per prompt, flattened prompt-major: sample j of prompt p is row p * n + j."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    response_logprobs: list[list[float]]  # log-probs of the sampled tokens under the engine's weights
+    texts: list[str]
+    finish_reasons: list[str]  # "stop" (EOS or stop string) or "length" (hit max_new_tokens)
+    group_index: list[int]  # index of the prompt each row was sampled for
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(r) for r in self.response_ids)
+
+
+class RolloutEngine(Protocol):
+    """What the trainer and the evals need from a generator."""
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout: ...
+
+    def sequence_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """Log-probs the engine's current weights give each response token (teacher-forced)."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new policy weights in memory (HF parameter names)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def expand_groups(prompt_ids: list[list[int]], n: int) -> tuple[list[list[int]], list[int]]:
+    """Repeat each prompt n times, prompt-major, with its group index."""
+    rows = [ids for ids in prompt_ids for _ in range(n)]
+    groups = [p for p in range(len(prompt_ids)) for _ in range(n)]
+    return rows, groups

@@ -1,0 +1,130 @@
+"""MLflow conventions shared by training, sweeps and evals.
+
+Store: `MLFLOW_TRACKING_URI` if set, else a SQLite file inside the project (no server needed).
+One MLflow run per training job; params are the flattened config with secrets removed; metric names
+are stable (`train/...`, `actor/...`, `timing/...`, `eval/<suite>/<metric>`); checkpoint paths are tags.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from train.models import PROJECT_ROOT
+
+SECRET_PATTERN = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth)", re.IGNORECASE)
+RUN_DIR_TAG = "rlpost.run_dir"
+CHECKPOINT_TAG = "rlpost.checkpoint."
+LATEST_CHECKPOINT_TAG = "rlpost.checkpoint_latest"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def redact(params: dict[str, object]) -> dict[str, object]:
+    """Drop anything whose key looks like a secret, and any value that looks like a key."""
+    clean = {}
+    for k, v in params.items():
+        if SECRET_PATTERN.search(k.split(".")[-1]):
+            continue
+        if isinstance(v, str) and re.fullmatch(r"(sk-|sk_|hf_|xox)[A-Za-z0-9_\-]{16,}", v):
+            continue
+        clean[k] = v
+    return clean
+
+
+class Tracker:
+    """A thin MLflow client wrapper for one run; every call is a no-op off rank 0."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.run_id: str | None = None
+        self._client = None
+        self._logged_steps: set[int] = set()
+
+    @property
+    def client(self):
+        if self._client is None:
+            import mlflow
+
+            self._client = mlflow.MlflowClient(tracking_uri=tracking_uri())
+        return self._client
+
+    def start(
+        self, experiment: str, run_name: str, run_id: str | None = None, tags: dict[str, str] | None = None,
+        parent_run_id: str | None = None,
+    ) -> str | None:
+        if not self.enabled:
+            return None
+        client = self.client
+        if run_id is None:
+            exp = client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+            all_tags = dict(tags or {})
+            if parent_run_id:
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+            run_id = run.info.run_id
+        else:
+            client.update_run(run_id, status="RUNNING")
+            # Steps logged before a crash past the last checkpoint are recomputed on resume; they are
+            # not logged twice (see `log_metrics`).
+            history = client.get_metric_history(run_id, "train/reward_mean")
+            self._logged_steps = {m.step for m in history}
+            for k, v in (tags or {}).items():
+                client.set_tag(run_id, k, v)
+        self.run_id = run_id
+        return run_id
+
+    def log_params(self, params: dict[str, object]) -> None:
+        if not self.enabled or self.run_id is None:
+            return
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        items = [
+            Param(k, str(v)[:6000]) for k, v in redact(params).items() if k not in existing
+        ]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if not self.enabled or self.run_id is None or step in self._logged_steps:
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(items), 200):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 200])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if not self.enabled or self.run_id is None:
+            return
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    def record_checkpoint(self, step: int, path: Path) -> None:
+        self.set_tags({f"{CHECKPOINT_TAG}{step}": str(path), LATEST_CHECKPOINT_TAG: str(path)})
+
+    def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
+        if not self.enabled or self.run_id is None:
+            return
+        if error:
+            self.client.set_tag(self.run_id, "rlpost.error", error[-5000:])
+        self.client.set_terminated(self.run_id, status=status)

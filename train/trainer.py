@@ -1,0 +1,420 @@
+"""The GRPO training loop. Each step reads like the algorithm:
+
+rollout -> reward -> advantage -> policy update(s) -> weight sync -> log -> checkpoint.
+
+Every rank owns a colocated rollout engine and generates the groups of its share of the prompts, so
+a group never spans ranks and advantages are computed locally; only the loss normalisers and the
+logged figures are reduced across ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoTokenizer
+
+from train import checkpoint as ckpt
+from train.algorithms.advantages import get_advantage_estimator
+from train.algorithms.losses import actor_loss, global_normalisers, kl_penalty
+from train.data import PromptSampler, load_rows
+from train.models import resolve_model_path
+from train.policy.distributed import all_gather_objects, all_reduce_sum, barrier, init_distributed
+from train.policy.fsdp import Policy
+from train.rewards.base import RewardResult
+from train.rollout.base import Rollout, SamplingConfig
+from train.tracking import RUN_DIR_TAG, Tracker, flatten
+
+
+def run_dir_of(cfg: DictConfig) -> Path:
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    return Path(cfg.output_dir) / cfg.experiment / cfg.run_name
+
+
+def encode_prompts(tokenizer, rows: list[dict]) -> list[list[int]]:
+    texts = [
+        tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows
+    ]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r[:width], dtype=torch.float32)
+    return out
+
+
+class Trainer:
+    """`engine` lets a caller (tests, benchmarks) share one already-started rollout engine."""
+
+    def __init__(self, cfg: DictConfig, engine=None) -> None:
+        self.cfg = cfg
+        self.rank, self.world = init_distributed()
+        if cfg.world_size != self.world:
+            raise RuntimeError(f"world_size={cfg.world_size} but {self.world} ranks were started")
+        torch.manual_seed(cfg.seed + self.rank)
+        self.run_dir = run_dir_of(cfg)
+        self.model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+        self.start_step, self.state = 0, {}
+        weights = self.model_path
+        if cfg.resume:
+            latest = ckpt.latest_checkpoint(self.run_dir)
+            if latest is not None:
+                self.state = ckpt.load_trainer_state(latest)
+                self.start_step = int(self.state["step"])
+                weights = latest / "hf"
+                self._print(f"resuming from {latest} (step {self.start_step})")
+            else:
+                self._print(f"resume=true but no checkpoint in {self.run_dir}: starting from step 0")
+
+        rows = load_rows(cfg.data.train_path, cfg.data.builtin_size, cfg.seed)
+        self.rows, dropped = self._fit_prompts(rows)
+        if dropped:
+            self._print(
+                f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+            )
+        self.sampler = PromptSampler(len(self.rows), cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+
+        opt, pol = cfg.optim, cfg.policy
+        self.policy = Policy(
+            weights,
+            precision=pol.precision,
+            lr=opt.lr,
+            weight_decay=opt.weight_decay,
+            betas=(opt.beta1, opt.beta2),
+            grad_clip=opt.grad_clip,
+            gradient_checkpointing=pol.gradient_checkpointing,
+            micro_batch_tokens=pol.micro_batch_tokens,
+            warmup_steps=opt.warmup_steps,
+            lr_schedule=opt.schedule,
+            total_steps=cfg.total_steps,
+            pad_id=self.pad_id,
+        )
+        algo = cfg.algorithm
+        self.ref = None
+        if algo.use_kl_loss or algo.use_kl_in_reward:
+            self.ref = Policy(
+                self.model_path,
+                precision=pol.precision,
+                trainable=False,
+                micro_batch_tokens=pol.micro_batch_tokens,
+                pad_id=self.pad_id,
+            )
+        if self.state:
+            self.policy.load_optimizer_state(
+                self.state["optimizer"] if self.rank == 0 else {}, self.state["scheduler"]
+            )
+            ckpt.set_rng_state(self.state["rng"][self.rank])
+
+        self.estimator = get_advantage_estimator(algo.adv_estimator)
+        self.reward_fn = instantiate(OmegaConf.to_container(cfg.reward, resolve=True))
+        engine_dtype = (
+            cfg.rollout.dtype
+            if cfg.rollout.dtype != "auto"
+            else ("bfloat16" if pol.precision == "bf16" else "float32")
+        )
+        self.owns_engine = engine is None
+        if engine is None:
+            engine_cfg = OmegaConf.to_container(cfg.rollout.engine, resolve=True)
+            engine = instantiate(
+                engine_cfg,
+                model_path=str(weights),
+                dtype=engine_dtype,
+                max_model_len=cfg.rollout.max_model_len,
+                seed=cfg.seed,
+            )
+        else:  # a shared engine may hold other weights: start it from this policy's
+            engine.update_weights(self.policy.full_weights())
+        self.engine = engine
+
+        self.tracker = Tracker(enabled=cfg.track and self.rank == 0)
+        run_id = self.tracker.start(
+            experiment=cfg.experiment,
+            run_name=cfg.run_name,
+            run_id=self.state.get("mlflow_run_id"),
+            tags={RUN_DIR_TAG: str(self.run_dir.resolve()), **dict(cfg.tags)},
+            parent_run_id=cfg.parent_run_id,
+        )
+        self.run_id = all_gather_objects(run_id)[0]
+        self.tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            if self.run_id:
+                (self.run_dir / "mlflow_run_id").write_text(self.run_id)
+
+    # ------------------------------------------------------------------------------------------
+    def _print(self, msg: str) -> None:
+        if self.rank == 0:
+            print(f"[train] {msg}", flush=True)
+
+    def _fit_prompts(self, rows: list[dict]) -> tuple[list[dict], int]:
+        ids = encode_prompts(self.tokenizer, rows)
+        keep = [(r, i) for r, i in zip(rows, ids) if len(i) <= self.cfg.data.max_prompt_tokens]
+        self.prompt_ids = [i for _, i in keep]
+        return [r for r, _ in keep], len(rows) - len(keep)
+
+    def _sampling(self, step: int) -> SamplingConfig:
+        r = self.cfg.rollout
+        seed = (self.cfg.seed * 1_000_003 + step) * 4096 + self.rank * 1024  # distinct per step and rank
+        return SamplingConfig(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            seed=seed,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        last: dict[str, float] = {}
+        self._print(
+            f"run dir {self.run_dir}; MLflow run {self.run_id}; steps {self.start_step + 1}..{cfg.total_steps}"
+        )
+        for step in range(self.start_step + 1, cfg.total_steps + 1):
+            last = self.step(step)
+            if self.rank == 0 and step % cfg.log_every == 0:
+                print(_one_line(step, cfg.total_steps, last), flush=True)
+            self.tracker.log_metrics(last, step)
+            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
+                self.save(step)
+        self.tracker.finish("FINISHED")
+        return last
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        t0 = time.perf_counter()
+        # ---- rollout: this rank's share of the step's prompts ----
+        batch = self.sampler.batch(step)
+        per_rank = len(batch) // self.world
+        mine = batch[self.rank * per_rank : (self.rank + 1) * per_rank]
+        rows = [self.rows[i] for i in mine]
+        rollout: Rollout = self.engine.generate([self.prompt_ids[i] for i in mine], self._sampling(step))
+        t1 = time.perf_counter()
+        # ---- reward ----
+        sample_rows = [rows[g] for g in rollout.group_index]
+        reward: RewardResult = self.reward_fn(sample_rows, rollout.texts, rollout.group_index)
+        t2 = time.perf_counter()
+        # ---- advantage ----
+        width = max(max(len(r) for r in rollout.response_ids), 1)
+        mask = _padded([[1.0] * len(r) for r in rollout.response_ids], width)
+        scores = torch.tensor(reward.scores, dtype=torch.float32)
+        group_index = torch.tensor(rollout.group_index)
+        need_old = (
+            algo.ppo_epochs > 1
+            or (algo.ppo_mini_batch_size or cfg.data.prompts_per_step) < cfg.data.prompts_per_step
+        )
+        old_lp = (
+            self.policy.compute_log_probs(rollout.prompt_ids, rollout.response_ids)[0] if need_old else None
+        )
+        ref_lp = self.ref.compute_log_probs(rollout.prompt_ids, rollout.response_ids)[0] if self.ref else None
+        kl_in_reward = None
+        if algo.use_kl_in_reward:
+            old_for_kl = old_lp if old_lp is not None else _padded(rollout.response_logprobs, width)
+            kl = kl_penalty(old_for_kl, ref_lp, "k1") * mask
+            kl_in_reward = (kl.sum(-1)).mean().item()
+            scores = scores - algo.kl_in_reward_coef * kl.sum(-1)  # k1 summed over the response
+        adv_kwargs = (
+            {"norm_adv_by_std_in_grpo": algo.norm_adv_by_std_in_grpo} if algo.adv_estimator == "grpo" else {}
+        )
+        advantages = self.estimator(scores, group_index, mask, **adv_kwargs)
+        # ---- policy update(s) ----
+        update_metrics = self._update(rollout, advantages, mask, old_lp, ref_lp)
+        t3 = time.perf_counter()
+        # ---- weight sync into the rollout engine ----
+        self.engine.update_weights(self.policy.full_weights())
+        t4 = time.perf_counter()
+        return self._metrics(step, rollout, reward, update_metrics, kl_in_reward, (t0, t1, t2, t3, t4))
+
+    def _update(self, rollout: Rollout, advantages, mask, old_lp, ref_lp) -> dict[str, float]:
+        """ppo_epochs x mini-batches optimizer steps over this rollout."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        n = cfg.rollout.n
+        prompts_here = len(rollout) // n
+        mini_prompts = (algo.ppo_mini_batch_size or cfg.data.prompts_per_step) // self.world
+        sums: dict[str, float] = {}
+        updates = 0
+        for _epoch in range(algo.ppo_epochs):
+            for start in range(0, prompts_here, mini_prompts):
+                idx = list(range(start * n, min(prompts_here, start + mini_prompts) * n))
+                loss_fn = self._loss_fn(
+                    advantages[idx],
+                    mask[idx],
+                    None if old_lp is None else old_lp[idx],
+                    None if ref_lp is None else ref_lp[idx],
+                )
+                # micro-batch rows index into this mini-batch, as the tensors given to _loss_fn do
+                metrics = self.policy.train_step(
+                    [rollout.prompt_ids[i] for i in idx],
+                    [rollout.response_ids[i] for i in idx],
+                    loss_fn,
+                    with_entropy=True,  # always reported; differentiated only when entropy_coeff != 0
+                    entropy_grad=algo.entropy_coeff != 0,
+                )
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                updates += 1
+        out = {k: v / updates for k, v in sums.items()}
+        out["actor/updates"] = float(updates)
+        out["actor/lr"] = self.policy.lr
+        return out
+
+    def _loss_fn(self, adv, mask, old_lp, ref_lp):
+        """The actor loss of one mini-batch, normalised over the whole mini-batch on all ranks."""
+        algo = self.cfg.algorithm
+        norms = global_normalisers(mask, algo.loss_scale_factor or self.cfg.rollout.max_new_tokens)
+        norms["global_token_count"] = all_reduce_sum(norms["global_token_count"])
+        norms["global_seq_count"] = all_reduce_sum(norms["global_seq_count"])
+        local_tokens = max(float(mask.sum()), 1.0)
+        world = self.world
+
+        def loss_fn(mb, log_probs, entropy):
+            R, rows = log_probs.shape[1], mb.rows
+            loss, metrics = actor_loss(
+                old_lp[rows, :R] if old_lp is not None else log_probs.detach(),
+                log_probs,
+                adv[rows, :R],
+                mb.response_mask,
+                entropy=entropy,
+                entropy_coeff=algo.entropy_coeff,
+                ref_log_prob=None if ref_lp is None else ref_lp[rows, :R],
+                use_kl_loss=algo.use_kl_loss,
+                kl_loss_coef=algo.kl_loss_coef,
+                kl_loss_type=algo.kl_loss_type,
+                clip_ratio_low=algo.clip_ratio_low,
+                clip_ratio_high=algo.clip_ratio_high,
+                clip_ratio_c=algo.clip_ratio_c,
+                loss_agg_mode=algo.loss_agg_mode,
+                **norms,
+            )
+            weight = float(mb.response_mask.sum()) / local_tokens  # metrics: token-weighted mean
+            # FSDP averages gradients over ranks, while the normaliser already counts all ranks' tokens.
+            return loss * world, {k: v * weight for k, v in metrics.items()}
+
+        return loss_fn
+
+    def _metrics(
+        self, step, rollout: Rollout, reward: RewardResult, update, kl_in_reward, t
+    ) -> dict[str, float]:
+        t0, t1, t2, t3, t4 = t
+        lengths = [len(r) for r in rollout.response_ids]
+        gathered = all_gather_objects(
+            {
+                "scores": reward.scores,
+                "correct": reward.correct,
+                "lengths": lengths,
+                "clipped": [f == "length" for f in rollout.finish_reasons],
+                "prompt_lengths": [len(p) for p in rollout.prompt_ids],
+                "update": update,
+                "reward_metrics": reward.metrics,
+            }
+        )
+        scores = [s for g in gathered for s in g["scores"]]
+        all_lengths = [x for g in gathered for x in g["lengths"]]
+        m: dict[str, float] = {
+            "train/reward_mean": statistics.fmean(scores),
+            "train/reward_std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
+            "train/response_length_mean": statistics.fmean(all_lengths),
+            "train/response_length_max": float(max(all_lengths)),
+            "train/response_clip_ratio": statistics.fmean([c for g in gathered for c in g["clipped"]]),
+            "train/prompt_length_mean": statistics.fmean([x for g in gathered for x in g["prompt_lengths"]]),
+        }
+        if all(g["correct"] is not None for g in gathered):
+            m["train/accuracy"] = statistics.fmean([c for g in gathered for c in g["correct"]])
+        for key in gathered[0]["update"]:
+            m[key] = statistics.fmean(g["update"][key] for g in gathered)
+        for key in gathered[0]["reward_metrics"]:
+            m[f"reward/{key}"] = statistics.fmean(g["reward_metrics"][key] for g in gathered)
+        if kl_in_reward is not None:
+            m["train/kl_in_reward"] = kl_in_reward
+        total_tokens = sum(all_lengths)
+        m.update(
+            {
+                "timing/rollout_s": t1 - t0,
+                "timing/reward_s": t2 - t1,
+                "timing/update_s": t3 - t2,
+                "timing/weight_sync_s": t4 - t3,
+                "timing/step_s": t4 - t0,
+                "perf/rollout_tokens_per_s": total_tokens / max(t1 - t0, 1e-9),
+                "perf/train_tokens_per_s": (
+                    total_tokens + sum(x for g in gathered for x in g["prompt_lengths"])
+                )
+                / max(t3 - t2, 1e-9),
+            }
+        )
+        return m
+
+    def save(self, step: int) -> None:
+        path = ckpt.save_checkpoint(
+            self.run_dir,
+            step,
+            self.policy,
+            self.tokenizer,
+            {
+                "step": step,
+                "data_position": step * self.cfg.data.prompts_per_step,
+                "mlflow_run_id": self.run_id or "",
+            },
+            keep_last=self.cfg.keep_last,
+            source_model=self.model_path,
+        )
+        if path is not None:
+            self.tracker.record_checkpoint(step, path.resolve())
+            self._print(f"checkpoint {path}")
+
+    def close(self) -> None:
+        if self.owns_engine:
+            self.engine.close()
+
+
+def _one_line(step: int, total: int, m: dict[str, float]) -> str:
+    acc = f" acc {m['train/accuracy']:.3f}" if "train/accuracy" in m else ""
+    return (
+        f"[train] step {step}/{total} reward {m['train/reward_mean']:.3f}{acc} len {m['train/response_length_mean']:.1f}"
+        f" kl {m.get('actor/ppo_kl', 0):.2e} clip {m.get('actor/pg_clipfrac', 0):.3f} gnorm {m['actor/grad_norm']:.3f}"
+        f" | {m['timing/step_s']:.1f}s (rollout {m['timing/rollout_s']:.1f} reward {m['timing/reward_s']:.1f}"
+        f" update {m['timing/update_s']:.1f} sync {m['timing/weight_sync_s']:.1f}) {m['perf/rollout_tokens_per_s']:.0f} tok/s"
+    )
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Train with this (already validated) config; marks the MLflow run FAILED with the error on a crash."""
+    if cfg.run_name is None and not cfg.run_dir:
+        cfg.run_name = f"{cfg.experiment}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    elif cfg.run_name is None:
+        cfg.run_name = Path(cfg.run_dir).name
+    trainer = None
+    try:
+        trainer = Trainer(cfg)
+        result = trainer.train()
+        trainer.close()
+        return result
+    except BaseException as exc:
+        if trainer is not None and trainer.tracker.run_id:
+            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+            trainer.tracker.finish(status, error="".join(traceback.format_exception_only(exc)).strip())
+        raise
+    finally:
+        barrier()
+
+
+if __name__ == "__main__":  # torchrun entry: python -m train.trainer <config.yaml>
+    run(OmegaConf.load(sys.argv[1]))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os._exit(0)
