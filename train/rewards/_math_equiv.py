@@ -180,8 +180,13 @@ def _strip_name(item: str) -> str:
     return m.group(1) if m else item
 
 
+def _is_chain(s: str) -> bool:
+    return len(re.findall(r"<|>|\\le|\\ge", s)) > 1
+
+
 def _interval_from_inequality(s: str) -> str | None:
     """'x>3' -> '(3,\\infty)', '-1\\lex<2' -> '[-1,2)'; None when s is not a simple inequality."""
+    s = s.replace(" ", "")
     rel = r"(<|>|\\le|\\ge|\\leqslant|\\geqslant)"
     m = re.fullmatch(rf"(.+?){rel}([a-zA-Z]){rel}(.+)", s)
     if m and m.group(2)[0] == m.group(4)[0] and "=" not in s:
@@ -213,7 +218,7 @@ def _interval_from_inequality(s: str) -> str | None:
 
 
 def _matrix_cells(s: str) -> list[list[str]] | None:
-    m = re.fullmatch(r"\\begin\{pmatrix\}(.*)\\end\{pmatrix\}", s)
+    m = re.fullmatch(r"[(\[]?\\begin\{pmatrix\}(.*)\\end\{pmatrix\}[)\]]?", s)
     if not m:
         return None
     rows = [r for r in m.group(1).split("\\\\") if r.strip()]
@@ -306,6 +311,8 @@ class Comparer:
         return True
 
     def _scalar(self, p: str, g: str, depth: int) -> bool:
+        if relation(reduce_chain(p)) and relation(reduce_chain(g)) and not (_is_chain(p) or _is_chain(g)):
+            return self.scalar_eq(p, g, self.percent, None)
         pi_i, gi_i = _interval_from_inequality(p), _interval_from_inequality(g)
         if (pi_i is None) != (gi_i is None):
             return self.equal(pi_i or p, gi_i or g, depth + 1)

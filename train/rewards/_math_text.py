@@ -74,11 +74,15 @@ def _strip_math_delims(text: str) -> str:
 
 
 def _looks_bare(text: str) -> bool:
-    """True when the whole text is an answer (e.g. '$\\frac{1}{3}$'), not prose."""
-    if len(text) > 120 or "\n" in text.strip():
+    """True when the whole text is an answer ('$\\frac{1}{3}$', 'x = 5', 'Evelyn'), not prose."""
+    if len(text) > 120 or "\n" in text.strip() or _BOX_RE.search(text):
         return False
-    body = re.sub(r"\\[a-zA-Z]+", " ", _strip_math_delims(text))
-    return not re.search(r"[A-Za-z]{2,}[\s,.:;]+[A-Za-z]{2,}", body)
+    outside = _MATH_SPAN_RE.sub(" ", text)
+    if outside != text:
+        return not re.search(r"[A-Za-z]{2,}", outside)
+    body = re.sub(r"\\(?:text|mathrm|textbf)\{[^{}]*\}|\\[a-zA-Z]+", " ", text)
+    words = re.findall(r"[A-Za-z]{2,}", body)
+    return len(words) == 0 or (len(words) == 1 and text.strip() == words[0])
 
 
 def _last_span_answer(text: str, number: re.Match[str]) -> str | None:
@@ -90,7 +94,7 @@ def _last_span_answer(text: str, number: re.Match[str]) -> str | None:
     if not (span.start() <= number.start() and number.end() <= span.end()):
         return None
     content = next(g for g in span.groups() if g is not None)
-    parts = re.split(r"=|\\approx|\\Rightarrow|\\implies|\\to", content)
+    parts = re.split(r"(?<![<>!])=|\\approx|\\Rightarrow|\\implies|\\to(?![a-zA-Z])", content)
     return parts[-1].strip() or None
 
 
@@ -154,7 +158,7 @@ _WORD_NUMBERS = {
 }
 _TEXT_CMDS = r"text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|hbox|textnormal|boldsymbol"
 _TEXT_CMD_RE = re.compile(r"\\(?:" + _TEXT_CMDS + r")\s*\{([^{}]*)\}")
-_TRAILING_TEXT_RE = re.compile(r"\\(?:" + _TEXT_CMDS + r")\s*\{([^{}]*)\}\s*$")
+_TRAILING_TEXT_RE = re.compile(r"\\(?:" + _TEXT_CMDS + r")\s*\{([^{}]*)\}(?:\^\{?[23]\}?)?\s*$")
 _SIZE_CMD_RE = re.compile(
     r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)(?![a-zA-Z])"
 )
@@ -272,8 +276,8 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     boxed = last_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
     s = boxed if boxed is not None else s
     s = s.strip().rstrip(".").strip()
-    s = re.sub(r"\\[!,]|\{,\}", lambda m: "," if m.group() == "{,}" else "", s)
-    s = re.sub(r"\\[;: ]|~|\\q?quad(?![a-zA-Z])", " ", s)
+    s = re.sub(r"(?<!\\)\\[!,]|\{,\}", lambda m: "," if m.group() == "{,}" else "", s)
+    s = re.sub(r"(?<!\\)\\[;: ]|~|\\q?quad(?![a-zA-Z])", " ", s)
     s = s.replace("\\displaystyle", "").replace("\\mathrm{~", "\\mathrm{ ")
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = _SIZE_CMD_RE.sub("", s)
