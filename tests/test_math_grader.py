@@ -346,3 +346,19 @@ def test_gold_answer(row: dict, source: str, expected: str) -> None:
 def test_gold_answer_minerva_without_box_raises() -> None:
     with pytest.raises(ValueError):
         gold_answer({"solution": "no box"}, "minerva_math")
+
+
+def test_answer_tags_and_trailing_chatter() -> None:
+    assert extract_answer("<think>maybe 3</think><answer>-50</answer>") == "-50"
+    assert extract_answer("The answer is $5$ and I am confident about it") == "5"
+    assert grade("so the answer is \\(x = 7\\) because ...", "7") == 1.0
+
+
+def test_unicode_operators() -> None:
+    assert is_equiv("2×3", "6") is True
+    assert is_equiv("√2", "\\sqrt{2}") is True
+
+
+def test_lowercase_letter_gold_is_not_a_choice() -> None:
+    assert is_equiv("e", "e") is True
+    assert is_equiv("(B)", "b") is False

@@ -112,7 +112,7 @@ def quick_equiv(pred: str, gold: str) -> bool | None:
         return True
     if not p or not g:
         return False
-    g_choice = choice_letter(g) if len(g) <= 3 else None
+    g_choice = choice_letter(g) if re.fullmatch(r"\(?[A-E]\)?", g) else None
     if g_choice:
         return _pred_choice(p) == g_choice
     pn, gn = quick_number(p), quick_number(g)

@@ -74,10 +74,13 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+WORKER_CMD = [sys.executable, "-m", "train.rewards._math_pool"]
+
+
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, cmd: list[str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "train.rewards._math_pool"],
+            cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=_worker_env(),
@@ -128,8 +131,9 @@ class _Worker:
 class GraderPool:
     """Runs full comparisons in `num_workers` processes; thread-safe (calls are serialised)."""
 
-    def __init__(self, num_workers: int | None = None):
+    def __init__(self, num_workers: int | None = None, worker_cmd: list[str] | None = None):
         self.num_workers = max(1, num_workers or min(4, os.cpu_count() or 1))
+        self.worker_cmd = list(worker_cmd or WORKER_CMD)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self.kills = 0
@@ -138,12 +142,12 @@ class GraderPool:
     def _fill(self) -> None:
         self._workers = [w for w in self._workers if w.proc.poll() is None]
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker())
+            self._workers.append(_Worker(self.worker_cmd))
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
         self._workers.remove(worker)
-        self._workers.append(_Worker())
+        self._workers.append(_Worker(self.worker_cmd))
 
     def run(self, tasks: list[tuple[str, str]], timeout_s: float) -> list[bool]:
         """Compare every (pred, gold); a comparison past timeout_s (+grace) is killed and scored False."""

@@ -115,9 +115,14 @@ def extract_answer(text: str) -> str | None:
         boxed = last_boxed(text)
         if boxed is not None:
             return boxed
+    tagged = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    if tagged and tagged[-1].strip():
+        return _strip_math_delims(tagged[-1].strip())
     for marker in ("he answer is", "final answer is"):
         if marker in text:
-            value = _strip_math_delims(_cut_sentence(text.rsplit(marker, 1)[1]).lstrip(":").strip())
+            value = _cut_sentence(text.rsplit(marker, 1)[1]).lstrip(":").strip()
+            span = re.match(r"(\$[^$]+\$|\\\(.+?\\\))", value)
+            value = _strip_math_delims(span.group(1) if span else value)
             if value:
                 return value
     if _looks_bare(text):
@@ -297,6 +302,7 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
         .replace("∞", "\\infty")
     )
     s = s.replace("−", "-").replace("\\dots", "").replace("\\ldots", "")
+    s = s.replace("×", "\\times ").replace("·", "\\cdot ").replace("√", "\\sqrt")
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree|\\circ", "", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = _remove_trailing_units(s.strip())

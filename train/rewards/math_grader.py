@@ -31,6 +31,7 @@ __all__ = [
     "math_reward",
     "normalize_answer",
     "shutdown_pool",
+    "warm_up",
 ]
 
 _CACHE_SIZE = 50_000
@@ -92,6 +93,11 @@ def _equiv_many(pairs: list[tuple[str | None, str]], timeout_s: float, num_worke
             for i in pending[key]:
                 out[i] = ok
     return [bool(v) for v in out]
+
+
+def warm_up(num_workers: int | None = None) -> None:
+    """Start the worker processes now (they take ~1-2 s to import sympy) instead of on the first batch."""
+    get_pool(num_workers).run([("x+1", "1+x")], timeout_s=30.0)
 
 
 def is_equiv(prediction: str, gold: str, timeout_s: float = 3.0) -> bool:

@@ -1,0 +1,59 @@
+"""Grader on the real benchmark golds in ../shared (skipped without it).
+
+Every gold, boxed as a model would write it, must grade 1.0 against itself, and shuffled golds must
+(almost) never match: a grader that says yes to everything would fail the second check.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from train.rewards.math_grader import gold_answer, grade_batch, normalize_answer
+
+pytestmark = pytest.mark.needs_shared
+
+DATASETS = ["gsm8k", "math500", "aime24", "amc23", "minerva_math"]
+
+
+def _golds(shared_dir: Path, name: str) -> list[str]:
+    path = shared_dir / "data" / "math" / name / "test.jsonl"
+    with path.open() as f:
+        return [gold_answer(json.loads(line), name) for line in f if line.strip()]
+
+
+@pytest.mark.parametrize("name", DATASETS)
+def test_gold_graded_against_itself(shared_dir: Path, name: str) -> None:
+    golds = _golds(shared_dir, name)
+    responses = [f"Reasoning... so the answer is $\\boxed{{{g}}}$." for g in golds]
+    scores = grade_batch(responses, golds)
+    misses = [g for g, s in zip(golds, scores) if s != 1.0]
+    assert len(misses) <= len(golds) // 200, misses[:10]
+
+
+@pytest.mark.parametrize("name", ["math500", "minerva_math"])
+def test_gold_in_final_answer_format(shared_dir: Path, name: str) -> None:
+    golds = _golds(shared_dir, name)
+    responses = [f"Final Answer: The final answer is ${g}$. I hope it is correct." for g in golds]
+    scores = grade_batch(responses, golds)
+    misses = [g for g, s in zip(golds, scores) if s != 1.0]
+    assert len(misses) <= len(golds) // 100, misses[:10]
+
+
+@pytest.mark.parametrize("name", ["math500", "minerva_math", "gsm8k"])
+def test_shuffled_golds_rarely_match(shared_dir: Path, name: str) -> None:
+    golds = _golds(shared_dir, name)
+    shuffled = golds[:]
+    random.Random(0).shuffle(shuffled)
+    responses = [f"$\\boxed{{{g}}}$" for g in golds]
+    scores = grade_batch(responses, shuffled)
+    false_hits = [
+        (a, b)
+        for a, b, s in zip(golds, shuffled, scores)
+        if s == 1.0 and normalize_answer(a) != normalize_answer(b)
+    ]
+    assert len(false_hits) <= 2, false_hits
+    assert sum(scores) < 0.05 * len(golds)
