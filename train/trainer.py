@@ -54,6 +54,43 @@ def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
+def make_actor_loss_fn(algo, adv, mask, old_lp, ref_lp, scale_factor: float, world: int):
+    """The actor loss of one mini-batch (rows of `adv`, `mask`, ...: (N, R)) as a per-micro-batch callback.
+
+    Normalised over the whole mini-batch on all ranks, so micro-batch and rank splits give the
+    gradient of one big batch.
+    """
+    norms = global_normalisers(mask, scale_factor)
+    norms["global_token_count"] = all_reduce_sum(norms["global_token_count"])
+    norms["global_seq_count"] = all_reduce_sum(norms["global_seq_count"])
+    local_tokens = max(float(mask.sum()), 1.0)
+
+    def loss_fn(mb, log_probs, entropy):
+        R, rows = log_probs.shape[1], mb.rows
+        loss, metrics = actor_loss(
+            old_lp[rows, :R] if old_lp is not None else log_probs.detach(),
+            log_probs,
+            adv[rows, :R],
+            mb.response_mask,
+            entropy=entropy,
+            entropy_coeff=algo.entropy_coeff,
+            ref_log_prob=None if ref_lp is None else ref_lp[rows, :R],
+            use_kl_loss=algo.use_kl_loss,
+            kl_loss_coef=algo.kl_loss_coef,
+            kl_loss_type=algo.kl_loss_type,
+            clip_ratio_low=algo.clip_ratio_low,
+            clip_ratio_high=algo.clip_ratio_high,
+            clip_ratio_c=algo.clip_ratio_c,
+            loss_agg_mode=algo.loss_agg_mode,
+            **norms,
+        )
+        weight = float(mb.response_mask.sum()) / local_tokens  # metrics: token-weighted mean
+        # FSDP averages gradients over ranks, while the normaliser already counts all ranks' tokens.
+        return loss * world, {k: v * weight for k, v in metrics.items()}
+
+    return loss_fn
+
+
 class Trainer:
     """`engine` lets a caller (tests, benchmarks) share one already-started rollout engine."""
 
@@ -252,13 +289,16 @@ class Trainer:
         for _epoch in range(algo.ppo_epochs):
             for start in range(0, prompts_here, mini_prompts):
                 idx = list(range(start * n, min(prompts_here, start + mini_prompts) * n))
-                loss_fn = self._loss_fn(
+                loss_fn = make_actor_loss_fn(
+                    algo,
                     advantages[idx],
                     mask[idx],
                     None if old_lp is None else old_lp[idx],
                     None if ref_lp is None else ref_lp[idx],
+                    scale_factor=algo.loss_scale_factor or cfg.rollout.max_new_tokens,
+                    world=self.world,
                 )
-                # micro-batch rows index into this mini-batch, as the tensors given to _loss_fn do
+                # micro-batch rows index into this mini-batch, as the tensors given to the loss do
                 metrics = self.policy.train_step(
                     [rollout.prompt_ids[i] for i in idx],
                     [rollout.response_ids[i] for i in idx],
@@ -273,40 +313,6 @@ class Trainer:
         out["actor/updates"] = float(updates)
         out["actor/lr"] = self.policy.lr
         return out
-
-    def _loss_fn(self, adv, mask, old_lp, ref_lp):
-        """The actor loss of one mini-batch, normalised over the whole mini-batch on all ranks."""
-        algo = self.cfg.algorithm
-        norms = global_normalisers(mask, algo.loss_scale_factor or self.cfg.rollout.max_new_tokens)
-        norms["global_token_count"] = all_reduce_sum(norms["global_token_count"])
-        norms["global_seq_count"] = all_reduce_sum(norms["global_seq_count"])
-        local_tokens = max(float(mask.sum()), 1.0)
-        world = self.world
-
-        def loss_fn(mb, log_probs, entropy):
-            R, rows = log_probs.shape[1], mb.rows
-            loss, metrics = actor_loss(
-                old_lp[rows, :R] if old_lp is not None else log_probs.detach(),
-                log_probs,
-                adv[rows, :R],
-                mb.response_mask,
-                entropy=entropy,
-                entropy_coeff=algo.entropy_coeff,
-                ref_log_prob=None if ref_lp is None else ref_lp[rows, :R],
-                use_kl_loss=algo.use_kl_loss,
-                kl_loss_coef=algo.kl_loss_coef,
-                kl_loss_type=algo.kl_loss_type,
-                clip_ratio_low=algo.clip_ratio_low,
-                clip_ratio_high=algo.clip_ratio_high,
-                clip_ratio_c=algo.clip_ratio_c,
-                loss_agg_mode=algo.loss_agg_mode,
-                **norms,
-            )
-            weight = float(mb.response_mask.sum()) / local_tokens  # metrics: token-weighted mean
-            # FSDP averages gradients over ranks, while the normaliser already counts all ranks' tokens.
-            return loss * world, {k: v * weight for k, v in metrics.items()}
-
-        return loss_fn
 
     def _metrics(
         self, step, rollout: Rollout, reward: RewardResult, update, kl_in_reward, t

@@ -50,7 +50,9 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout: ...
 
-    def sequence_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+    def sequence_logprobs(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]]
+    ) -> list[list[float]]:
         """Log-probs the engine's current weights give each response token (teacher-forced)."""
         ...
 

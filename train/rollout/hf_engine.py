@@ -15,7 +15,9 @@ from train.rollout.base import Rollout, SamplingConfig, expand_groups
 
 
 class HFEngine:
-    def __init__(self, model_path: str | Path, dtype: str = "float32", batch_size: int = 64, **_: object) -> None:
+    def __init__(
+        self, model_path: str | Path, dtype: str = "float32", batch_size: int = 64, **_: object
+    ) -> None:
         self.dtype = getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=self.dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -59,12 +61,16 @@ class HFEngine:
         return Rollout(rows, response_ids, logprobs, texts, finish, groups)
 
     @torch.no_grad()
-    def sequence_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+    def sequence_logprobs(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]]
+    ) -> list[list[float]]:
         result = []
         for p, r in zip(prompt_ids, response_ids):
             ids = torch.tensor([p + r])
             logits = self.model(input_ids=ids).logits[0, len(p) - 1 : -1].float()
-            result.append(logits.log_softmax(-1).gather(-1, torch.tensor(r).unsqueeze(-1)).squeeze(-1).tolist())
+            result.append(
+                logits.log_softmax(-1).gather(-1, torch.tensor(r).unsqueeze(-1)).squeeze(-1).tolist()
+            )
         return result
 
     @torch.no_grad()

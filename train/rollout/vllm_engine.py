@@ -25,6 +25,18 @@ def _configure_env(kv_cache_gb: float) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
+def _retie_lm_head(worker) -> None:
+    """Runs on the vLLM worker after a reload.
+
+    With tied embeddings the reload skips `lm_head` and puts its old tensor back, which unties it
+    and leaves the output layer (and on CPU its prepacked GEMM copy) at the old weights.
+    """
+    model = worker.model_runner.model
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+        model.lm_head.weight = model.model.embed_tokens.weight
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+
 class VLLMEngine:
     """Colocated vLLM engine. `dtype` is the engine's compute dtype (float32 or bfloat16)."""
 
@@ -86,7 +98,9 @@ class VLLMEngine:
             finish.append("length" if c.finish_reason == "length" else "stop")
         return Rollout(rows, response_ids, logprobs, texts, finish, groups)
 
-    def sequence_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+    def sequence_logprobs(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]]
+    ) -> list[list[float]]:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
@@ -100,6 +114,7 @@ class VLLMEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+        self.llm.collective_rpc(_retie_lm_head)
         # KV blocks cached under the old weights must not be reused for new prompts.
         self.llm.reset_prefix_cache()
 
