@@ -362,3 +362,46 @@ def test_unicode_operators() -> None:
 def test_lowercase_letter_gold_is_not_a_choice() -> None:
     assert is_equiv("e", "e") is True
     assert is_equiv("(B)", "b") is False
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("so $x=\\boxed{2}$ or $x=\\boxed{3}$.", "2, 3"),
+        ("\\boxed{2}, \\boxed{3}", "2, 3"),
+        ("\\boxed{1}. Then later we find \\boxed{2}", "2"),
+        ("**Final Answer**\n\\[\n\\boxed{189}\n\\]", "189"),
+        ("She makes 9 * 2 = $18.\n#### 18", "18"),
+        ("<think>\\boxed{24}</think> Therefore \\(\\boxed{25}\\).", "25"),
+    ],
+)
+def test_extract_answer_multiple_boxes_and_formats(text: str, expected: str) -> None:
+    assert extract_answer(text) == expected
+
+
+EXTRA_EQUIV = [
+    ("\\sin^2 x + \\cos^2 x", "1", True),
+    ("-2\\le x<3", "[-2,3)", True),
+    ("-2<x<3", "(-2,3)", True),
+    ("(1,2),(3,4)", "(3,4),(1,2)", True),
+    ("7 3/4", "\\frac{31}{4}", True),
+    ("\\frac{3}{4}", "75\\%", True),
+    ("\\ln 8", "3\\ln 2", True),
+    ("\\log 100", "2", False),
+    ("\\frac{1}{x-1}", "\\frac{-1}{1-x}", True),
+    ("3.\\overline{3}", "\\frac{10}{3}", True),
+    ("\\text{no solution}", "No solution", True),
+    ("\\textbf{(C) }12", "C", True),
+    ("f(x)=2x+1", "2x+1", True),
+    ("\\pm 1", "-1,1", True),
+    ("i", "\\sqrt{-1}", True),
+    ("-i", "i", False),
+    ("\\frac{\\pi}{3}", "60^\\circ", False),
+    ("[0,\\infty)", "(0,\\infty)", False),
+    ("1:2", "\\frac{1}{2}", False),
+]
+
+
+@pytest.mark.parametrize("pred,gold,expected", EXTRA_EQUIV)
+def test_is_equiv_more(pred: str, gold: str, expected: bool) -> None:
+    assert is_equiv(pred, gold) is expected

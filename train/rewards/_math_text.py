@@ -40,22 +40,47 @@ def match_brace(text: str, start: int) -> int:
     return -1
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} / \\fbox{...} (brace-matched), also the brace-less "\\boxed 5"."""
-    matches = list(_BOX_RE.finditer(text))
-    for m in reversed(matches):
+def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every \\boxed{...}/\\fbox{...}, also the brace-less '\\boxed 5'."""
+    spans = []
+    for m in _BOX_RE.finditer(text):
         rest = text[m.end() :]
         stripped = rest.lstrip()
         if stripped.startswith("{"):
             start = m.end() + len(rest) - len(stripped)
             end = match_brace(text, start)
-            if end < 0:
-                continue
-            return text[start + 1 : end].strip()
+            if end >= 0:
+                spans.append((m.start(), end + 1, text[start + 1 : end].strip()))
+            continue
         value = re.split(r"[$\n]", stripped, maxsplit=1)[0].strip()
         if value:
-            return value
-    return None
+            spans.append((m.start(), m.end() + len(rest) - len(stripped) + len(value), value))
+    return spans
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} / \\fbox{...} (brace-matched), also the brace-less "\\boxed 5"."""
+    spans = _boxed_spans(text)
+    return spans[-1][2] if spans else None
+
+
+_JOINER_RE = re.compile(
+    r"[\s$,;]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\quad|\\,)[\s$,;]*)?(?:[a-zA-Z]\s*=\s*)?"
+)
+
+
+def final_boxed(text: str) -> str | None:
+    """Last boxed answer; '\\boxed{2} and \\boxed{3}' (only connectors between) becomes '2, 3'."""
+    spans = _boxed_spans(text)
+    if not spans:
+        return None
+    group = [spans[-1]]
+    for prev in reversed(spans[:-1]):
+        gap = text[prev[1] : group[0][0]]
+        if prev[1] > group[0][0] or not _JOINER_RE.fullmatch(gap) or not gap.strip(" $"):
+            break
+        group.insert(0, prev)
+    return ", ".join(c for _, _, c in group)
 
 
 def _cut_sentence(text: str) -> str:
@@ -112,12 +137,15 @@ def extract_answer(text: str) -> str | None:
         tail = text.split("final answer is $", 1)[1]
         return tail.split("$. I hope", 1)[0].strip()
     if has_box:
-        boxed = last_boxed(text)
+        boxed = final_boxed(text)
         if boxed is not None:
             return boxed
     tagged = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
     if tagged and tagged[-1].strip():
         return _strip_math_delims(tagged[-1].strip())
+    hashes = re.findall(r"####\s*([^\n]+)", text)
+    if hashes and hashes[-1].strip():
+        return _strip_math_delims(hashes[-1].strip())
     for marker in ("he answer is", "final answer is"):
         if marker in text:
             value = _cut_sentence(text.rsplit(marker, 1)[1]).lstrip(":").strip()
