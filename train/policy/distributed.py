@@ -22,12 +22,13 @@ def init_distributed() -> tuple[int, int]:
     so FSDP2 and the colocated vLLM engine (which joins this same group) work the same way at any size.
     """
     if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            os.environ.update(
-                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
-            )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        if "RANK" in os.environ:  # torchrun / srun set these
+            dist.init_process_group(backend)
+        else:  # no env changes: child processes must not inherit this group's address
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+            )
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -1,8 +1,8 @@
 """vLLM rollout backend, in-process and colocated with the trainer.
 
-The engine runs in the trainer's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with the
-`external_launcher` executor, so it joins the trainer's torch.distributed group instead of spawning
-workers: each rank owns one engine and generates its own share of the batch. New policy weights go in
+The engine runs in the trainer's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and joins the
+trainer's torch.distributed group instead of spawning workers (at world size > 1 through the
+`external_launcher` executor): each rank owns one engine and generates its own share of the batch. New policy weights go in
 through `reload_weights` (the CPU backend prepacks linear layers, so a plain `load_weights` fails).
 """
 
@@ -55,7 +55,7 @@ class VLLMEngine:
         from vllm import LLM
 
         kwargs = {}
-        if dist.is_initialized():
+        if dist.is_initialized() and dist.get_world_size() > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
         self.llm = LLM(
             str(model_path),
