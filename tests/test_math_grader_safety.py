@@ -163,3 +163,23 @@ def test_concurrent_callers_get_their_own_results() -> None:
     for t in threads:
         t.join(timeout=60)
     assert out == {100: [1.0] * 20, 200: [1.0] * 20}
+
+
+ADVERSARIAL_TEXTS = [
+    "answer" + " " * 50000 + "x",
+    "\\boxed{" * 20000,
+    "{" * 50000 + "}",
+    "$" * 30000,
+    "<answer>" * 20000,
+    "The answer is " + "1" * 100000,
+    "\\boxed{" + "x^" * 3000 + "}",
+    "\\boxed{" + "(" * 400 + ")" * 400 + "}",
+    "\\boxed{" + " " * 900 + "x}",
+]
+
+
+def test_adversarial_texts_grade_quickly() -> None:
+    """Regexes and brace matching stay bounded on huge/degenerate responses."""
+    start = time.monotonic()
+    assert grade_batch(ADVERSARIAL_TEXTS, ["1"] * len(ADVERSARIAL_TEXTS)) == [0.0] * len(ADVERSARIAL_TEXTS)
+    assert time.monotonic() - start < 10

@@ -40,10 +40,14 @@ def match_brace(text: str, start: int) -> int:
     return -1
 
 
+MAX_BOXES = 16  # only the last few boxes matter; bounds the brace matching on adversarial text
+MAX_RESPONSE_CHARS = 30_000  # answers sit at the end; bounds regex work on huge responses
+
+
 def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
     """(start, end, content) of every \\boxed{...}/\\fbox{...}, also the brace-less '\\boxed 5'."""
     spans = []
-    for m in _BOX_RE.finditer(text):
+    for m in list(_BOX_RE.finditer(text))[-MAX_BOXES:]:
         rest = text[m.end() :]
         stripped = rest.lstrip()
         if stripped.startswith("{"):
@@ -127,10 +131,10 @@ def extract_answer(text: str) -> str | None:
     """Pull the final answer out of a model response (first applicable rule wins), or None."""
     if not text:
         return None
-    text = text.replace("\u043a\u0438", "")
+    text = text[-MAX_RESPONSE_CHARS:].replace("\u043a\u0438", "")
     has_box = _BOX_RE.search(text) is not None
     if not has_box:
-        m = _MC_RE.search(text.rstrip())
+        m = _MC_RE.search(re.sub(r"\s+", " ", text[-400:]).rstrip())
         if m:
             return m.group(1).upper()
     if "final answer is $" in text and "$. I hope" in text:
@@ -140,9 +144,10 @@ def extract_answer(text: str) -> str | None:
         boxed = final_boxed(text)
         if boxed is not None:
             return boxed
-    tagged = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
-    if tagged and tagged[-1].strip():
-        return _strip_math_delims(tagged[-1].strip())
+    if "</answer>" in text:
+        tagged = text.rsplit("</answer>", 1)[0].rsplit("<answer>", 1)
+        if len(tagged) == 2 and tagged[1].strip():
+            return _strip_math_delims(tagged[1].strip())
     hashes = re.findall(r"####\s*([^\n]+)", text)
     if hashes and hashes[-1].strip():
         return _strip_math_delims(hashes[-1].strip())
