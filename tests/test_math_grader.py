@@ -9,15 +9,14 @@ from __future__ import annotations
 import pytest
 
 from train.rewards.math_grader import (
-    MathReward,
     extract_answer,
     gold_answer,
     grade,
     grade_batch,
     is_equiv,
-    math_reward,
     normalize_answer,
 )
+from train.rewards.math_reward import MathReward
 
 EQUIV_CASES = [
     # integers, decimals, thousands separators, trailing .0
@@ -322,9 +321,11 @@ def test_grade_batch_empty() -> None:
 
 def test_reward_entry_points() -> None:
     responses = ["\\boxed{\\frac{1}{2}}", "\\boxed{3}", "garbage"]
-    golds = ["0.5", "4", "1"]
-    assert math_reward(responses, golds) == [1.0, 0.0, 0.0]
-    assert MathReward(correct=1.0, incorrect=-1.0)(responses, golds) == [1.0, -1.0, -1.0]
+    rows = [{"ground_truth": g} for g in ["0.5", "4", "1"]]
+    result = MathReward()(rows, responses, [0, 0, 0])
+    assert result.scores == [1.0, 0.0, 0.0] and result.correct == [1.0, 0.0, 0.0]
+    signed = MathReward(correct=1.0, incorrect=-1.0)(rows, responses, [0, 0, 0])
+    assert signed.scores == [1.0, -1.0, -1.0] and signed.correct == [1.0, 0.0, 0.0]
 
 
 GOLD_ROWS = [

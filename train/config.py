@@ -50,8 +50,12 @@ class RolloutConfig:
 class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus | remax
     norm_adv_by_std_in_grpo: bool = True  # False = Dr.GRPO advantages (s - group mean)
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
-    loss_scale_factor: float | None = None  # seq-mean-token-sum-norm divisor (default: rollout.max_new_tokens)
+    loss_agg_mode: str = (
+        "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    )
+    loss_scale_factor: float | None = (
+        None  # seq-mean-token-sum-norm divisor (default: rollout.max_new_tokens)
+    )
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (> 1)
@@ -127,7 +131,9 @@ def load_experiment(name: str) -> DictConfig:
     return OmegaConf.load(experiment_file(name))
 
 
-def build_config(experiment: str | None = None, overrides: list[str] | None = None, preset: str | None = None) -> DictConfig:
+def build_config(
+    experiment: str | None = None, overrides: list[str] | None = None, preset: str | None = None
+) -> DictConfig:
     """Base defaults <- experiment `config:` <- experiment `presets.<preset>` <- `key=value` overrides."""
     cfg = OmegaConf.structured(TrainConfig)
     layers = []
@@ -136,15 +142,14 @@ def build_config(experiment: str | None = None, overrides: list[str] | None = No
         layers.append(OmegaConf.create({"experiment": experiment}))
         layers.append(exp.get("config", OmegaConf.create()))
         if preset:
-            presets = exp.get("presets", {})
-            if preset not in presets:
-                raise ConfigError(f"experiment {experiment!r} has no preset {preset!r} (has: {list(presets)})")
-            layers.append(presets[preset])
+            layers.append(_preset(preset, exp.get("presets", {})))
     elif preset:
-        raise ConfigError("preset= needs experiment=")
+        layers.append(_preset(preset, {}))
     for item in overrides or []:
         if "=" not in item:
-            raise ConfigError(f"bad override {item!r}: expected key=value (python -m train --help lists the keys)")
+            raise ConfigError(
+                f"bad override {item!r}: expected key=value (python -m train --help lists the keys)"
+            )
         layers.append(OmegaConf.from_dotlist([item]))
     try:
         for layer in layers:
@@ -153,6 +158,18 @@ def build_config(experiment: str | None = None, overrides: list[str] | None = No
         raise ConfigError(f"bad config value: {str(exc).splitlines()[0]}") from exc
     validate(cfg)
     return cfg
+
+
+def _preset(name: str, experiment_presets) -> DictConfig:
+    """An experiment's own preset, else an algorithm preset (grpo, dr_grpo) from train.algorithms.presets."""
+    from train.algorithms.presets import PRESETS
+
+    if name in experiment_presets:
+        return experiment_presets[name]
+    if name in PRESETS:
+        return OmegaConf.create({"algorithm": dict(PRESETS[name])})
+    known = sorted(set(experiment_presets) | set(PRESETS))
+    raise ConfigError(f"unknown preset {name!r} (known: {', '.join(known)})")
 
 
 SWAPPABLE = ("reward", "rollout.engine")
@@ -176,7 +193,10 @@ def validate(cfg: DictConfig) -> None:
         (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0"),
         (cfg.total_steps >= 1, "total_steps must be >= 1"),
         (cfg.world_size >= 1, "world_size must be >= 1"),
-        (cfg.data.prompts_per_step % cfg.world_size == 0, "data.prompts_per_step must be divisible by world_size"),
+        (
+            cfg.data.prompts_per_step % cfg.world_size == 0,
+            "data.prompts_per_step must be divisible by world_size",
+        ),
         (cfg.algorithm.clip_ratio_c > 1, "algorithm.clip_ratio_c must be > 1"),
         (cfg.optim.lr > 0, "optim.lr must be > 0"),
         (cfg.policy.precision in ("fp32", "bf16"), "policy.precision must be fp32 or bf16"),
@@ -185,8 +205,10 @@ def validate(cfg: DictConfig) -> None:
     mini = cfg.algorithm.ppo_mini_batch_size
     if mini is not None:
         checks.append(
-            (mini > 0 and cfg.data.prompts_per_step % mini == 0,
-             "algorithm.ppo_mini_batch_size must divide data.prompts_per_step")
+            (
+                mini > 0 and cfg.data.prompts_per_step % mini == 0,
+                "algorithm.ppo_mini_batch_size must divide data.prompts_per_step",
+            )
         )
     for ok, message in checks:
         if not ok:
@@ -209,8 +231,13 @@ def describe() -> str:
         if m:
             comments[(current, m.group(1))] = m.group(2)
     section_class = {
-        "": "Train", "model": "Model", "data": "Data", "rollout": "Rollout", "algorithm": "Algorithm",
-        "optim": "Optim", "policy": "Policy",
+        "": "Train",
+        "model": "Model",
+        "data": "Data",
+        "rollout": "Rollout",
+        "algorithm": "Algorithm",
+        "optim": "Optim",
+        "policy": "Policy",
     }
     lines = []
     flat = OmegaConf.to_container(OmegaConf.structured(TrainConfig))

