@@ -1,8 +1,10 @@
 """Seeded arithmetic word problems with graded difficulty: the embedded default math task.
 
-Levels (operands are drawn uniformly; every intermediate result is a non-negative integer):
+Levels (every intermediate result is a non-negative integer). Levels 1-2 are one short story sentence
+that ends by asking the sum explicitly ("... What is 3 + 4?"); levels 3-5 are plain word problems, where
+the model must find the operation itself:
 
-1. one-digit addition or subtraction, one short sentence pair;
+1. addition within 10 or subtraction of one-digit numbers (non-zero result);
 2. one-digit multiplication, or two steps of one-digit addition/subtraction;
 3. two-digit addition or subtraction;
 4. two-digit times one-digit, or two steps of two-digit addition/subtraction;
@@ -27,7 +29,7 @@ from data_prep.schema import extra_info_of, make_row, write_parquet
 DATA_SOURCE = "arithmetic"
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
 # Calibrated so SmolLM2-135M-Instruct starts at 15-30% (see data_prep/README.md, "Calibration").
-DEFAULT_DIFFICULTIES: Mapping[int, float] = {1: 0.5, 2: 0.3, 3: 0.2}
+DEFAULT_DIFFICULTIES: Mapping[int, float] = {1: 0.6, 2: 0.3, 3: 0.1}
 INSTRUCTION = "Give only the final number as your answer."
 TEST_PERCENT = 20
 SPLITS = ("train", "test")
@@ -55,6 +57,14 @@ _MUL = [
     "There are {a} {group} and each holds {b} {item}. How many {item} are there altogether?",
     "{name} buys {a} {group} of {item}. Each has {b} {item}. How many {item} does {name} buy?",
 ]
+# Levels 1-2: one sentence, then the sum asked explicitly (SmolLM2-135M is near 0% on bare stories).
+_SHORT = {
+    "+": "{name} has {a} {item} and gets {b} more.",
+    "-": "{name} has {a} {item} and gives away {b}.",
+    "*": "{name} has {a} {group} with {b} {item} in each.",
+}
+_SHORT_TWO_STEP = "{name} has {a} {item}, {step1}, then {step2}."
+_SYMBOL = {"+": "+", "-": "-", "*": "times"}
 _STEP = {"+": "{he} gets {n} more", "-": "{he} gives away {n}"}
 _TWO_STEP = "{name} has {a} {item}. First {step1}. Then {step2}. How many {item} does {name} have now?"
 
@@ -65,9 +75,14 @@ def _digits(rng: random.Random, two: bool) -> int:
 
 def _sample_problem(rng: random.Random, level: int) -> tuple[list[int], list[str]]:
     """Operands and operators (applied left to right) for one problem of ``level``."""
-    if level in (1, 3):
-        two = level == 3
-        a, b = _digits(rng, two), _digits(rng, two)
+    if level == 1:
+        if rng.random() < 0.5:
+            a = rng.randint(1, 9)
+            return [a, rng.randint(1, 10 - a)], ["+"]
+        a = rng.randint(2, 9)
+        return [a, rng.randint(1, a - 1)], ["-"]
+    if level == 3:
+        a, b = _digits(rng, True), _digits(rng, True)
         if rng.random() < 0.5:
             return [a, b], ["+"]
         return [max(a, b), min(a, b)], ["-"]
@@ -104,11 +119,23 @@ def split_of(level: int, operands: Sequence[int], operators: Sequence[str]) -> s
     return "test" if int(hashlib.sha256(key).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
 
 
-def _word_problem(rng: random.Random, operands: list[int], operators: list[str]) -> tuple[str, int]:
-    """Phrase the problem as a short story; returns (text, template index)."""
+def _word_problem(
+    rng: random.Random, level: int, operands: list[int], operators: list[str]
+) -> tuple[str, int]:
+    """Phrase the problem as a short story; returns (text, template index; -1 = short explicit form)."""
     name, he = rng.choice(_NAMES)
     fields = {"name": name, "he": he, "He": he.capitalize(), "item": rng.choice(_ITEMS)}
     fields["group"] = rng.choice(_GROUPS)
+    if level <= 2:
+        expression = " ".join(
+            [str(operands[0])] + [f"{_SYMBOL[o]} {n}" for o, n in zip(operators, operands[1:])]
+        )
+        if len(operators) == 2:
+            steps = [_STEP[op].format(he="", n=n).strip() for op, n in zip(operators, operands[1:])]
+            story = _SHORT_TWO_STEP.format(a=operands[0], step1=steps[0], step2=steps[1], **fields)
+        else:
+            story = _SHORT[operators[0]].format(a=operands[0], b=operands[1], **fields)
+        return f"{story} What is {expression}?", -1
     if len(operators) == 2:
         steps = [_STEP[op].format(he=he, n=n) for op, n in zip(operators, operands[1:])]
         return _TWO_STEP.format(a=operands[0], step1=steps[0], step2=steps[1], **fields), 0
@@ -154,7 +181,7 @@ def generate(
                 break
         else:  # pragma: no cover - every level has thousands of problems per split
             raise RuntimeError(f"no {split} problem found for level {level}")
-        text, template = _word_problem(rng, operands, operators)
+        text, template = _word_problem(rng, level, operands, operators)
         info = {
             "id": f"{DATA_SOURCE}-{split}-{seed}-{i:06d}",
             "split": split,

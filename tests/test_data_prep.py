@@ -153,6 +153,8 @@ def test_difficulty_levels_present_and_graded():
     assert sorted(by_level) == list(arithmetic.LEVELS)
     assert all(len(v) == 100 for v in by_level.values())
     assert all(max(i["operands"]) <= 9 and len(i["operators"]) == 1 for i in by_level[1])
+    assert all(i["operators"] != ["+"] or sum(i["operands"]) <= 10 for i in by_level[1])
+    assert all(i["operators"] != ["-"] or i["operands"][0] > i["operands"][1] for i in by_level[1])
     assert all(i["operators"] != ["*"] or max(i["operands"]) <= 9 for i in by_level[2])
     assert all(min(i["operands"]) >= 10 for i in by_level[3])
     assert all(min(i["operands"]) >= 11 and i["operators"] == ["*"] for i in by_level[5])
