@@ -54,9 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.world_size > 1:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             f.write(OmegaConf.to_yaml(cfg))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={cfg.world_size}", "-m", "train.trainer", f.name]
-        return subprocess.call(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={cfg.world_size}",
+            "-m",
+            "train.trainer",
+            f.name,
+        ]
+        return subprocess.call(
+            cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        )
     from train.trainer import run
 
     try:

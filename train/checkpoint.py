@@ -101,9 +101,7 @@ def save_checkpoint(
         config = policy.config
         tied = bool(getattr(config, "tie_word_embeddings", False))
         tensors = {
-            k: v.detach().contiguous()
-            for k, v in model_state.items()
-            if not (tied and k == "lm_head.weight")
+            k: v.detach().contiguous() for k, v in model_state.items() if not (tied and k == "lm_head.weight")
         }
         save_file(tensors, hf / "model.safetensors", metadata={"format": "pt"})
         config.use_cache = True
@@ -142,4 +140,6 @@ def load_trainer_state(ckpt: str | Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # a truncated or corrupt file
-        raise CheckpointError(f"checkpoint {path} is unreadable ({exc}); delete it to resume from an older one") from exc
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({exc}); delete it to resume from an older one"
+        ) from exc

@@ -44,4 +44,7 @@ class PromptSampler:
 
     def batch(self, step: int) -> list[int]:
         start = (step - 1) * self.batch_size
-        return [self._order(pos // self.num_rows)[pos % self.num_rows] for pos in range(start, start + self.batch_size)]
+        return [
+            self._order(pos // self.num_rows)[pos % self.num_rows]
+            for pos in range(start, start + self.batch_size)
+        ]

@@ -126,7 +126,9 @@ def build_tiny_model(out_dir: Path, hidden_size: int = 128, num_layers: int = 2,
 def main() -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Convert the embedded default model once and print its path.")
+    parser = argparse.ArgumentParser(
+        description="Convert the embedded default model once and print its path."
+    )
     parser.parse_args()
     print(ensure_default_model())
 

@@ -64,7 +64,11 @@ class Tracker:
         return self._client
 
     def start(
-        self, experiment: str, run_name: str, run_id: str | None = None, tags: dict[str, str] | None = None,
+        self,
+        experiment: str,
+        run_name: str,
+        run_id: str | None = None,
+        tags: dict[str, str] | None = None,
         parent_run_id: str | None = None,
     ) -> str | None:
         if not self.enabled:
@@ -95,9 +99,7 @@ class Tracker:
         from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
-        items = [
-            Param(k, str(v)[:6000]) for k, v in redact(params).items() if k not in existing
-        ]
+        items = [Param(k, str(v)[:6000]) for k, v in redact(params).items() if k not in existing]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 

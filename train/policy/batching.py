@@ -85,3 +85,11 @@ def make_micro_batches(
 ) -> list[MicroBatch]:
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     return [collate(prompt_ids, response_ids, g, pad_id) for g in plan_micro_batches(lengths, token_budget)]
+
+
+def empty_micro_batch(pad_id: int) -> MicroBatch:
+    """One pad token with an all-zero response mask: contributes nothing, but runs FSDP's collectives."""
+    mb = collate([[pad_id]], [[pad_id]], [0], pad_id)
+    mb.rows = torch.zeros(0, dtype=torch.long)
+    mb.response_mask.zero_()
+    return mb

@@ -41,6 +41,14 @@ def all_reduce_sum(value: float | int) -> float:
     return float(t.item())
 
 
+def all_reduce_max(value: int) -> int:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def all_gather_objects(obj: object) -> list:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [obj]

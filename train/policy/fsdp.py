@@ -23,7 +23,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from train.policy.batching import MicroBatch, make_micro_batches
+from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
+from train.policy.batching import MicroBatch, empty_micro_batch, make_micro_batches
+from train.policy.distributed import all_reduce_max
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -44,7 +46,7 @@ class Policy:
         betas: tuple[float, float] = (0.9, 0.999),
         grad_clip: float = 1.0,
         gradient_checkpointing: bool = False,
-        micro_batch_tokens: int = 8192,
+        micro_batch_tokens: int = 4096,
         warmup_steps: int = 0,
         lr_schedule: str = "constant",
         total_steps: int = 1,
@@ -63,7 +65,11 @@ class Policy:
         if gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if precision == "bf16"
+            else None
+        )
         kwargs = {"mp_policy": mp} if mp is not None else {}
         for layer in model.model.layers:
             fully_shard(layer, **kwargs)
@@ -72,7 +78,9 @@ class Policy:
         self.world_size = dist.get_world_size()
         if trainable:
             model.train()
-            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
+            self.optimizer = torch.optim.AdamW(
+                model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas
+            )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, _lr_lambda(lr_schedule, warmup_steps, total_steps)
             )
@@ -95,19 +103,29 @@ class Policy:
             logits_to_keep=keep,
             use_cache=False,
         )
-        logits = out.logits.float()
-        log_z = torch.logsumexp(logits, dim=-1)
-        log_probs = logits.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1) - log_z
+        logits = out.logits  # (b, R, V): bf16 under bf16 precision, never copied whole to fp32
+        log_probs = logprobs_from_logits(logits, mb.response_ids)
         entropy = None
         if with_entropy:
             # Reported every step, but only differentiated when it is in the loss: no (b, R, V) graph.
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                probs = torch.softmax(logits, dim=-1)
-                entropy = log_z - (probs * logits).sum(-1)
+            if entropy_grad and torch.is_grad_enabled():
+                entropy = entropy_from_logits(logits)
+            else:
+                with torch.no_grad():
+                    entropy = entropy_from_logits_chunked(logits.detach())
         return log_probs, entropy
 
     def micro_batches(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[MicroBatch]:
-        return make_micro_batches(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
+        """Token-budget micro-batches, padded with empty ones to the same count on every rank.
+
+        FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang the
+        others, so ranks with less data run masked-out one-token batches (zero loss, zero gradient).
+        """
+        mbs = make_micro_batches(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
+        target = all_reduce_max(len(mbs))
+        while len(mbs) < target:
+            mbs.append(empty_micro_batch(self.pad_id))
+        return mbs
 
     @torch.no_grad()
     def compute_log_probs(
@@ -119,6 +137,8 @@ class Policy:
         entropy = torch.zeros(n, width) if with_entropy else None
         for mb in self.micro_batches(prompt_ids, response_ids):
             lp, ent = self._forward(mb, with_entropy)
+            if mb.rows.numel() == 0:  # padding micro-batch (see micro_batches)
+                continue
             R = lp.shape[1]
             log_probs[mb.rows, :R] = lp * mb.response_mask
             if entropy is not None:
@@ -145,6 +165,9 @@ class Policy:
         mbs = self.micro_batches(prompt_ids, response_ids)
         for mb in mbs:
             log_probs, entropy = self._forward(mb, with_entropy, entropy_grad)
+            if mb.rows.numel() == 0:  # padding micro-batch: zero gradient, same collectives
+                (log_probs.sum() * 0.0).backward()
+                continue
             loss, metrics = loss_fn(mb, log_probs, entropy)
             loss.backward()
             for k, v in metrics.items():
@@ -177,7 +200,9 @@ class Policy:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model on rank 0 (CPU), empty elsewhere; for checkpoints."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def optimizer_state(self) -> dict:
         return get_optimizer_state_dict(

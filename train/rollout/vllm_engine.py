@@ -64,6 +64,10 @@ class VLLMEngine:
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
+            # Per-request seeded sampling cannot rewind a CPU generator after a chunked prefill step
+            # ("CPU Generator does not use offset"): prefill whole prompts instead.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(8192, max_model_len),
             **kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()

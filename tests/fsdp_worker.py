@@ -1,0 +1,54 @@
+"""Run under torchrun by test_fsdp_ranks.py: one GRPO update on a fixed batch, this rank's share of it.
+
+Writes the full gradient (rank 0) to argv[2]: gradients, not updated weights, because Adam's first
+step is scale-invariant and would hide a normalisation error. Rows are split across ranks by whole groups,
+as the trainer does, and the loss uses the trainer's own normalisation.
+"""
+
+import sys
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from train.algorithms.advantages import compute_grpo_outcome_advantage
+from train.policy.distributed import init_distributed
+from train.policy.fsdp import Policy
+from train.trainer import make_actor_loss_fn
+
+
+def main(model: str, out: str, mode: str) -> None:
+    rank, world = init_distributed()
+    g = torch.Generator().manual_seed(0)
+    n_groups, n = 4, 4
+    prompts = [torch.randint(10, 4000, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n_groups) for _ in range(n)]  # fmt: skip
+    responses = [torch.randint(10, 4000, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+                 for _ in range(n_groups * n)]  # fmt: skip
+    scores = torch.rand(n_groups * n, generator=g)
+    groups = torch.arange(n_groups).repeat_interleave(n)
+    width = max(len(r) for r in responses)
+    mask = torch.zeros(len(responses), width)
+    for i, r in enumerate(responses):
+        mask[i, : len(r)] = 1
+    adv = compute_grpo_outcome_advantage(scores, groups, mask)
+    per_rank = len(responses) // world
+    mine = list(range(rank * per_rank, (rank + 1) * per_rank))
+    # small token budget: several micro-batches per rank, so accumulation is exercised too
+    policy = Policy(model, lr=1e-2, grad_clip=1e9, micro_batch_tokens=40, pad_id=0)
+    algo = SimpleNamespace(entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k1",
+                           clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode=mode)  # fmt: skip
+    loss_fn = make_actor_loss_fn(algo, adv[mine], mask[mine], None, None, scale_factor=width, world=world)
+    metrics = policy.train_step([prompts[i] for i in mine], [responses[i] for i in mine], loss_fn)
+    grads = {}
+    for name, param in policy.model.named_parameters():
+        grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
+        grads[name] = grad.detach().clone()
+    if rank == 0:
+        torch.save({"grads": grads, "grad_norm": metrics["actor/grad_norm"]}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3])
