@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from data_prep.answers import as_integer, extract_answer
 from data_prep.schema import extra_info_of, read_parquet
 
 
 def is_correct(reply: str, ground_truth: str) -> bool:
-    """True when the reply's final answer equals the gold answer as an integer."""
-    gold = as_integer(ground_truth)
-    return gold is not None and as_integer(extract_answer(reply)) == gold
+    """Graded by the training reward's grader, so calibration measures what RL will optimise."""
+    from train.rewards.math_grader import grade
+
+    return grade(reply, ground_truth) == 1.0
 
 
 def accuracy_table(rows: Sequence[dict], correct: Sequence[bool], keys: Sequence[str]) -> list[str]:
@@ -42,17 +41,17 @@ def accuracy_table(rows: Sequence[dict], correct: Sequence[bool], keys: Sequence
 
 
 def sample_replies(model: str, prompts: list[list[dict]], temperature: float, max_tokens: int, seed: int):
-    """One sampled reply per prompt from vLLM, run in this process (no worker processes on CPU)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    """One sampled reply per prompt, from the training rollout engine (vLLM, in this process)."""
+    from transformers import AutoTokenizer
 
-    llm = LLM(model, dtype="bfloat16", seed=seed, max_model_len=1024)
-    # No per-request seed: on CPU, vLLM 0.32 crashes ("CPU Generator does not use offset") when a seeded
-    # request is split by chunked prefill; the engine seed above still makes a run reproducible.
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-    outputs = llm.chat(prompts, params, use_tqdm=False)
-    return [o.outputs[0].text for o in outputs]
+    from train.rollout.base import SamplingConfig
+    from train.rollout.vllm_engine import VLLMEngine
+    from train.trainer import encode_prompts
+
+    ids = encode_prompts(AutoTokenizer.from_pretrained(model), [{"prompt": p} for p in prompts])
+    engine = VLLMEngine(model, dtype="float32", seed=seed, max_model_len=1024)
+    sampling = SamplingConfig(n=1, temperature=temperature, max_new_tokens=max_tokens, seed=seed)
+    return engine.generate(ids, sampling).texts
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_prep import arithmetic
-from data_prep.answers import as_integer, extract_answer, last_boxed
 from data_prep.calibrate import accuracy_table, is_correct
 from data_prep.schema import DatasetError, extra_info_of, make_row, read_parquet, validate_row, write_parquet
 
@@ -203,21 +202,7 @@ def test_cli_writes_both_splits(tmp_path, capsys):
     assert {extra_info_of(r)["difficulty"] for r in read_parquet(tmp_path / "x" / "train.parquet")} == {5}
 
 
-# --- answer extraction / calibration grading ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("reply", "answer"),
-    [
-        ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
-        ("\\boxed{3} then \\boxed{4", "3"),
-        ("It is 12. Wait, 13.", "13"),
-        ("Total: 1,234 apples.", "1234"),
-        ("no digits", None),
-    ],
-)
-def test_extract_answer(reply, answer):
-    assert extract_answer(reply) == answer
+# --- calibration grading (the training grader) ---------------------------------------------------------------
 
 
 def test_grading():
@@ -225,7 +210,6 @@ def test_grading():
     assert is_correct("\\boxed{7.0} is right, not 8", "7")
     assert not is_correct("\\boxed{8} but maybe 7", "7")
     assert not is_correct("", "7")
-    assert last_boxed("\\boxed{a{b}c}") == "a{b}c" and as_integer("x") is None
     rows = arithmetic.generate(4, seed=0, difficulties=[1, 2])
     lines = accuracy_table(rows, [True, False, True, True], ["difficulty"])
     assert lines[-1] == "overall: 75.0% (3/4)"

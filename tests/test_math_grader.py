@@ -10,7 +10,6 @@ import pytest
 
 from train.rewards.math_grader import (
     extract_answer,
-    gold_answer,
     grade,
     grade_batch,
     is_equiv,
@@ -326,27 +325,6 @@ def test_reward_entry_points() -> None:
     assert result.scores == [1.0, 0.0, 0.0] and result.correct == [1.0, 0.0, 0.0]
     signed = MathReward(correct=1.0, incorrect=-1.0)(rows, responses, [0, 0, 0])
     assert signed.scores == [1.0, -1.0, -1.0] and signed.correct == [1.0, 0.0, 0.0]
-
-
-GOLD_ROWS = [
-    ({"answer": "Janet sells 9 eggs.\n#### 1,818"}, "gsm8k", "1818"),
-    ({"answer": "\\frac{14}{3}", "solution": "... \\boxed{\\frac{14}{3}}"}, "math500", "\\frac{14}{3}"),
-    ({"answer": 27.0}, "amc23", "27"),
-    ({"answer": 3.5}, "amc23", "3.5"),
-    ({"answer": "204"}, "aime24", "204"),
-    ({"solution": "so $s=\\boxed{1.6 \\times 10^{-4}}$ and then \\boxed{1.6}"}, "minerva_math", "1.6"),
-    ({"solution": "x \\boxed{\\frac{\\pi}{2}}."}, "minerva", "\\frac{\\pi}{2}"),
-]
-
-
-@pytest.mark.parametrize("row,source,expected", GOLD_ROWS)
-def test_gold_answer(row: dict, source: str, expected: str) -> None:
-    assert gold_answer(row, source) == expected
-
-
-def test_gold_answer_minerva_without_box_raises() -> None:
-    with pytest.raises(ValueError):
-        gold_answer({"solution": "no box"}, "minerva_math")
 
 
 def test_answer_tags_and_trailing_chatter() -> None:

@@ -12,7 +12,6 @@ limit (`_math_pool`); cheap cases are decided in the calling process so the comm
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 from train.rewards._math_equiv import quick_equiv
@@ -22,7 +21,6 @@ from train.rewards._math_text import last_boxed, normalize_answer
 
 __all__ = [
     "extract_answer",
-    "gold_answer",
     "grade",
     "grade_batch",
     "is_equiv",
@@ -119,43 +117,3 @@ def grade_batch(
         raise ValueError(f"{len(responses)} responses but {len(golds)} golds")
     pairs = [(extract_answer(r or ""), g) for r, g in zip(responses, golds)]
     return [1.0 if ok else 0.0 for ok in _equiv_many(pairs, timeout_s, num_workers)]
-
-
-_SOURCE_ALIASES = {
-    "math": "math500",
-    "math500": "math500",
-    "math_500": "math500",
-    "aime": "aime24",
-    "aime24": "aime24",
-    "amc": "amc23",
-    "amc23": "amc23",
-    "gsm8k": "gsm8k",
-    "minerva": "minerva_math",
-    "minerva_math": "minerva_math",
-}
-
-
-def _number_text(value: object) -> str:
-    """amc23 stores 27.0: render integral floats as '27'."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return str(int(value))
-    return str(value).strip()
-
-
-def gold_answer(row: dict, data_source: str) -> str:
-    """Gold answer of a benchmark row, per data set convention (see docs/evals.md)."""
-    source = _SOURCE_ALIASES.get(data_source.lower().replace("-", "_"), data_source.lower())
-    if source == "gsm8k":
-        return str(row["answer"]).split("####")[-1].strip().replace(",", "")
-    if source == "minerva_math":
-        boxed = last_boxed(str(row["solution"]))
-        if boxed is None:
-            raise ValueError("minerva row without \\boxed answer")
-        return boxed
-    if "answer" in row and row["answer"] is not None:
-        return _number_text(row["answer"])
-    if "solution" in row:
-        boxed = last_boxed(str(row["solution"]))
-        if boxed is not None:
-            return boxed
-    raise KeyError(f"no gold answer in row for {data_source}")
