@@ -1,0 +1,44 @@
+"""Trainer paths the main e2e test does not take: KL to a frozen reference, several mini-batch updates
+per rollout, entropy bonus, gradient checkpointing, the HF generate engine, and bad data paths."""
+
+import math
+
+import pytest
+
+from train.__main__ import main
+from train.config import build_config
+from train.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+
+def test_kl_minibatches_entropy_checkpointing_with_hf_engine(tiny_model, dist_group, tmp_path):
+    cfg = build_config(
+        overrides=[
+            f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}", "track=false", "total_steps=2",
+            "save_every=0", "reward._target_=tests.rewards_for_tests.VowelShareReward", "data.prompts_per_step=4",
+            "data.builtin_size=32", "rollout.n=3", "rollout.max_new_tokens=8",
+            "rollout.engine._target_=train.rollout.hf_engine.HFEngine", "algorithm.use_kl_loss=true",
+            "algorithm.kl_loss_type=k3", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_epochs=2",
+            "algorithm.entropy_coeff=0.01", "algorithm.loss_agg_mode=seq-mean-token-sum-norm",
+            "policy.gradient_checkpointing=true", "policy.micro_batch_tokens=64", "optim.lr=1e-3",
+        ]
+    )  # fmt: skip
+    cfg.run_name = "variants"
+    trainer = Trainer(cfg)
+    assert trainer.ref is not None
+    first = trainer.step(1)
+    second = trainer.step(2)
+    assert first["actor/updates"] == 4.0  # 2 epochs x 2 mini-batches
+    assert first["actor/micro_batches"] >= 2
+    # the policy moved away from the frozen reference: KL is zero at step 1's first update, not after
+    assert second["actor/kl_loss"] > 0
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "train/reward_mean"):
+        assert math.isfinite(second[key]), key
+    trainer.close()
+
+
+def test_missing_dataset_is_a_one_line_error(capsys, tmp_path):
+    assert main([f"data.train_path={tmp_path / 'nope.parquet'}", "track=false", "model.path=default"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope.parquet" in err[0]
