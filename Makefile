@@ -46,7 +46,15 @@ train: setup
 
 bench: bench-train
 
-bench-train: setup
+BENCH_STAMP := $(VENV)/.installed-bench-$(EXTRA)
+
+# TRL (the `bench` extra); the reinstall may pull torchvision/torchaudio/torchcodec back: remove them again.
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[$(EXTRA),dev,bench]"
+	$(PY) -m pip uninstall -q -y $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['rlpost']['remove']))") 2>/dev/null || true
+	touch $@
+
+bench-train: setup $(BENCH_STAMP)
 	$(PY) -m train.bench $(OVERRIDES)
 
 ui: setup

@@ -1,0 +1,117 @@
+"""The pure parts of `train.bench`: FLOP counting, summaries, ratios and the table (no TRL, no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from train.bench import (
+    ModelDims,
+    StepWork,
+    _causal_attn_flops,
+    _parse,
+    _response_lens,
+    add_floor,
+    format_table,
+    generation_flops,
+    ratio,
+    step_flops,
+    summarize,
+    training_flops,
+)
+
+DIMS = ModelDims(body_params=1000, hidden=4, vocab=10, layers=2, attn_dim=3)
+
+
+def test_causal_attention_flops_sum_positions():
+    # positions 1..3 attend to 1, 2, 3 keys: 4 * layers * attn_dim * (1 + 2 + 3)
+    assert _causal_attn_flops(DIMS, 0, 3) == 4 * 2 * 3 * 6
+    assert _causal_attn_flops(DIMS, 2, 3) == 4 * 2 * 3 * 3
+    assert _causal_attn_flops(DIMS, 0, 3) == _causal_attn_flops(DIMS, 0, 2) + _causal_attn_flops(DIMS, 2, 3)
+
+
+def test_generation_and_training_flops_by_hand():
+    work = StepWork(prompt_lens=[2], response_lens=[3, 1], n=2)
+    assert work.prompt_tokens() == 4 and work.response_tokens() == 4
+    attn_gen = (
+        _causal_attn_flops(DIMS, 0, 2) + _causal_attn_flops(DIMS, 2, 5) + _causal_attn_flops(DIMS, 2, 3)
+    )
+    # prompt prefilled once (2 tokens) + 4 generated tokens; LM head on generated tokens only
+    assert generation_flops(DIMS, work) == 2 * 1000 * 6 + 2 * 4 * 10 * 4 + attn_gen
+    attn_train = 3 * (_causal_attn_flops(DIMS, 0, 5) + _causal_attn_flops(DIMS, 0, 3))
+    # every sample's prompt + response through forward and backward; LM head on response positions
+    assert training_flops(DIMS, work) == 6 * 1000 * 8 + 6 * 4 * 10 * 4 + attn_train
+    assert step_flops(DIMS, work) == generation_flops(DIMS, work) + training_flops(DIMS, work)
+
+
+def test_flops_of_smollm2_sized_step_are_plausible():
+    dims = ModelDims(body_params=106_000_000, hidden=576, vocab=49152, layers=30, attn_dim=576)
+    work = StepWork(prompt_lens=[60] * 8, response_lens=[64] * 32, n=4)
+    flops = step_flops(dims, work)
+    # dominated by 6 * N * tokens of training: 6 * 106e6 * 32 * 124 = 2.5e12
+    assert 3.0e12 < flops < 4.5e12
+
+
+def test_summarize_medians_after_warmup_and_rates():
+    steps = [
+        {"step_s": 100.0, "rollout_s": 50.0, "reward_s": 1.0, "update_s": 40.0, "weight_sync_s": 9.0,
+         "prompt_tokens": 400, "response_tokens": 200},
+        {"step_s": 10.0, "rollout_s": 4.0, "reward_s": 1.0, "update_s": 5.0, "weight_sync_s": 0.0,
+         "prompt_tokens": 400, "response_tokens": 200},
+        {"step_s": 12.0, "rollout_s": 4.0, "reward_s": 1.0, "update_s": 6.0, "weight_sync_s": 1.0,
+         "prompt_tokens": 400, "response_tokens": 200},
+        {"step_s": 14.0, "rollout_s": 5.0, "reward_s": 1.0, "update_s": 8.0, "weight_sync_s": 0.0,
+         "prompt_tokens": 400, "response_tokens": 200},
+    ]  # fmt: skip
+    s = summarize(steps, warmup=1)
+    assert s["step_s"] == 12.0 and s["rollout_s"] == 4.0 and s["update_s"] == 6.0
+    assert s["rollout_tokens_per_s"] == pytest.approx(50.0)  # median of 200/4, 200/4, 200/5
+    assert s["train_tokens_per_s"] == pytest.approx(100.0)  # median of 600/5, 600/6, 600/8
+    # a single step is summarised as itself rather than dropped as warm-up
+    assert summarize(steps[:1], warmup=1)["step_s"] == 100.0
+
+
+def test_ratio_and_floor():
+    assert ratio(30.0, 10.0) == 3.0
+    assert ratio(None, 1.0) is None and ratio(1.0, 0.0) is None
+    s = {"step_s": 20.0}
+    add_floor(s, flops=1e12, fp32_flops_per_s=1e11)
+    assert s["floor_s"] == pytest.approx(10.0) and s["floor_share"] == pytest.approx(2.0)
+
+
+def test_format_table_has_both_sides_and_ratio():
+    results = {
+        "ours": {"step_s": 10.0, "rollout_tokens_per_s": 200.0, "peak_rss_gb": 2.0, "floor_s": 5.0},
+        "trl": {"step_s": 25.0, "rollout_tokens_per_s": 50.0, "peak_rss_gb": 3.0, "floor_s": 5.0},
+    }
+    table = format_table(results)
+    lines = table.splitlines()
+    assert "ours" in lines[0] and "TRL" in lines[0] and "TRL/ours" in lines[0]
+    step = next(line for line in lines if line.startswith("step_s (median)"))
+    assert step.split()[-3:] == ["10.00", "25.00", "2.50"]
+    tps = next(line for line in lines if line.startswith("rollout tokens/s"))
+    assert tps.split()[-3:] == ["200", "50", "0.25"]
+    missing = next(line for line in lines if line.startswith("  weight_sync_s"))
+    assert missing.split()[-3:] == ["-", "-", "-"]
+    assert all(len(line) == len(lines[1]) for line in lines)  # fixed-width columns
+
+
+def test_format_table_with_one_side_missing():
+    table = format_table({"ours": {"step_s": 10.0}})
+    step = next(line for line in table.splitlines() if line.startswith("step_s"))
+    assert step.split()[-3:] == ["10.00", "-", "-"]
+
+
+def test_cli_flags():
+    args = _parse(["--steps", "2", "--precision", "fp32,bf16", "rollout.engine.kv_cache_gb=2"])
+    assert args.steps == 2 and args.precisions == ["fp32", "bf16"]
+    assert args.overrides == ["rollout.engine.kv_cache_gb=2"] and args.side_list == ["ours", "trl"]
+    assert _parse([]).precisions == ["fp32"]
+    with pytest.raises(SystemExit):
+        _parse(["--precision", "fp16"])
+
+
+def test_response_lens_spread_totals():
+    class A:
+        samples = 2
+
+    assert _response_lens({"response_tokens": 7, "prompt_lens": [3, 4]}, A) == [2, 2, 2, 1]

@@ -1,0 +1,533 @@
+"""`make bench`: one GRPO step of this project timed against TRL's `GRPOTrainer`, same model and data.
+
+    python -m train.bench [--steps 4] [--precision fp32,bf16] [--model default|tiny|DIR] [key=value ...]
+
+Both sides run the same workload: the prompts our trainer samples for steps 1..S (builtin arithmetic,
+`data_prep.arithmetic.generate`), P prompts x n samples x exactly T new tokens (EOS suppressed until T:
+vLLM `min_tokens`, HF `min_new_tokens`), the project's math reward, no KL, one optimizer step per
+rollout batch. Each side runs in its own subprocess (separate peak RSS; vLLM and TRL never share a
+process) with the same OMP thread count. The first step of each side is a warm-up; the table shows
+medians over the remaining steps. `key=value` arguments are extra overrides for our side only.
+
+The compute floor of a step is its matmul FLOPs (generation ~2*N*tokens with each prompt prefilled once,
+training ~6*N*tokens over prompt+response, plus the LM head on the positions whose logits are computed,
+plus causal attention) divided by the fp32 matmul rate measured at the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.rollout.vllm_engine import VLLMEngine  # imports vLLM itself only when an engine starts
+
+SIDES = ("ours", "trl")
+SIDE_LABELS = {"ours": "ours (vLLM+FSDP2)", "trl": "TRL 1.16 (HF generate)"}
+TIMING_KEYS = ("step_s", "rollout_s", "reward_s", "update_s", "weight_sync_s")
+
+
+# ---- pure parts (tested in tests/test_bench.py) ------------------------------------------------
+@dataclass(frozen=True)
+class ModelDims:
+    """What the FLOP count needs from a decoder-only LM."""
+
+    body_params: int  # parameters outside the token embedding and the LM head
+    hidden: int
+    vocab: int
+    layers: int
+    attn_dim: int  # query heads x head dim
+
+
+@dataclass
+class StepWork:
+    """The tokens of one GRPO step."""
+
+    prompt_lens: list[int]  # one per unique prompt
+    response_lens: list[int]  # one per sample, prompt-major (sample j of prompt p at p * n + j)
+    n: int  # samples per prompt
+
+    def prompt_tokens(self) -> int:  # prompt tokens over all samples (what training processes)
+        return self.n * sum(self.prompt_lens)
+
+    def response_tokens(self) -> int:
+        return sum(self.response_lens)
+
+
+def _causal_attn_flops(dims: ModelDims, start: int, end: int) -> float:
+    """Forward QK^T and AV FLOPs of positions start+1..end attending to all earlier positions."""
+    positions = (end * (end + 1) - start * (start + 1)) // 2  # sum of t for t in (start, end]
+    return 4.0 * dims.layers * dims.attn_dim * positions
+
+
+def generation_flops(dims: ModelDims, work: StepWork) -> float:
+    """Each prompt prefilled once (prefix cache), then one forward per generated token, LM head per token."""
+    flops = 2.0 * dims.body_params * (sum(work.prompt_lens) + work.response_tokens())
+    flops += 2.0 * dims.hidden * dims.vocab * work.response_tokens()
+    for p, plen in enumerate(work.prompt_lens):
+        flops += _causal_attn_flops(dims, 0, plen)
+        for r in work.response_lens[p * work.n : (p + 1) * work.n]:
+            flops += _causal_attn_flops(dims, plen, plen + r)
+    return flops
+
+
+def training_flops(dims: ModelDims, work: StepWork) -> float:
+    """Forward + backward (3x forward) over prompt+response of every sample, LM head on response positions."""
+    flops = 6.0 * dims.body_params * (work.prompt_tokens() + work.response_tokens())
+    flops += 6.0 * dims.hidden * dims.vocab * work.response_tokens()
+    for p, plen in enumerate(work.prompt_lens):
+        for r in work.response_lens[p * work.n : (p + 1) * work.n]:
+            flops += 3.0 * _causal_attn_flops(dims, 0, plen + r)
+    return flops
+
+
+def step_flops(dims: ModelDims, work: StepWork) -> float:
+    return generation_flops(dims, work) + training_flops(dims, work)
+
+
+def summarize(steps: list[dict], warmup: int) -> dict[str, float]:
+    """Medians over the timed steps (after `warmup`) of the timings, token counts and derived rates."""
+    timed = steps[warmup:] or steps[-1:]
+    out = {k: statistics.median(s[k] for s in timed) for k in TIMING_KEYS if all(k in s for s in timed)}
+    for k in ("prompt_tokens", "response_tokens"):
+        out[k] = statistics.median(s[k] for s in timed)
+    out["rollout_tokens_per_s"] = statistics.median(
+        s["response_tokens"] / max(s["rollout_s"], 1e-9) for s in timed
+    )
+    out["train_tokens_per_s"] = statistics.median(
+        (s["prompt_tokens"] + s["response_tokens"]) / max(s["update_s"], 1e-9) for s in timed
+    )
+    return out
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+def _fmt(value: float | None, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "s":
+        return f"{value:.2f}"
+    if kind == "x":
+        return f"{value:.2f}x"
+    if kind == "gb":
+        return f"{value:.2f}"
+    return f"{value:.0f}"
+
+
+# (label, key, format); the ratio column is TRL / ours for every row.
+TABLE_ROWS = [
+    ("step_s (median)", "step_s", "s"),
+    ("  rollout_s", "rollout_s", "s"),
+    ("  reward_s", "reward_s", "s"),
+    ("  update_s", "update_s", "s"),
+    ("  weight_sync_s", "weight_sync_s", "s"),
+    ("rollout tokens/s", "rollout_tokens_per_s", "n"),
+    ("train tokens/s", "train_tokens_per_s", "n"),
+    ("response tokens/step", "response_tokens", "n"),
+    ("prompt tokens/step", "prompt_tokens", "n"),
+    ("peak RSS (GB)", "peak_rss_gb", "gb"),
+    ("floor_s", "floor_s", "s"),
+    ("step_s/floor_s", "floor_share", "x"),
+]
+
+
+def format_table(results: dict[str, dict[str, float]]) -> str:
+    """`results[side][key]` -> a fixed-width table with one column per side and TRL/ours."""
+    headers = ["", SIDE_LABELS["ours"], SIDE_LABELS["trl"], "TRL/ours"]
+    rows = []
+    for label, key, kind in TABLE_ROWS:
+        ours, trl = results.get("ours", {}).get(key), results.get("trl", {}).get(key)
+        r = ratio(trl, ours)
+        rows.append([label, _fmt(ours, kind), _fmt(trl, kind), "-" if r is None else f"{r:.2f}"])
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        )
+    return "\n".join(lines)
+
+
+def add_floor(summary: dict[str, float], flops: float, fp32_flops_per_s: float) -> None:
+    summary["step_flops"] = flops
+    summary["floor_s"] = flops / fp32_flops_per_s
+    if "step_s" in summary:
+        summary["floor_share"] = summary["step_s"] / summary["floor_s"]
+
+
+# ---- measurements ------------------------------------------------------------------------------
+def matmul_flops_per_s(dtype_name: str, size: int, min_time_s: float = 1.0) -> float:
+    """Sustained square-matmul rate (FLOP/s) of torch on this CPU with the current thread count."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)  # warm-up
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        reps += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_time_s:
+            return 2.0 * size**3 * reps / elapsed
+
+
+def model_dims(model_path: str) -> ModelDims:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    skip = {id(p) for m in (emb, head) if m is not None for p in m.parameters()}
+    body = sum(p.numel() for p in model.parameters() if id(p) not in skip)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return ModelDims(body, config.hidden_size, config.vocab_size, config.num_hidden_layers, heads * head_dim)
+
+
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
+
+
+def _our_overrides(args, run_dir: str) -> list[str]:
+    return [
+        f"model.path={args.model}",
+        f"run_dir={run_dir}",
+        "track=false",
+        f"seed={args.seed}",
+        f"total_steps={args.steps}",
+        "save_every=0",
+        f"data.prompts_per_step={args.prompts}",
+        f"rollout.n={args.samples}",
+        f"rollout.max_new_tokens={args.new_tokens}",
+        "rollout.engine._target_=train.bench.FixedLengthVLLMEngine",
+        "algorithm.use_kl_loss=false",
+        "algorithm.use_kl_in_reward=false",
+        f"policy.precision={args.precision}",
+        *args.overrides,
+    ]
+
+
+def _step_prompts(args) -> tuple[list[dict], list[int]]:
+    """The rows our trainer trains on in steps 1..S, in order, with their prompt token counts."""
+    from transformers import AutoTokenizer
+
+    from train.config import build_config
+    from train.data import PromptSampler, load_rows
+    from train.trainer import encode_prompts
+
+    cfg = build_config(overrides=_our_overrides(args, tempfile.gettempdir()))
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    rows = load_rows(cfg.data.train_path, cfg.data.builtin_size, cfg.seed)
+    ids = encode_prompts(tokenizer, rows)
+    kept = [(r, len(i)) for r, i in zip(rows, ids) if len(i) <= cfg.data.max_prompt_tokens]
+    sampler = PromptSampler(len(kept), cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+    order = [i for step in range(1, args.steps + 1) for i in sampler.batch(step)]
+    return [kept[i][0] for i in order], [kept[i][1] for i in order]
+
+
+def run_ours(args) -> dict:
+    import torch
+
+    from train.config import build_config
+    from train.trainer import Trainer
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench-ours-") as run_dir:
+        trainer = Trainer(build_config(overrides=_our_overrides(args, run_dir)))
+        steps = []
+        for step in range(1, args.steps + 1):
+            rows = [trainer.prompt_ids[i] for i in trainer.sampler.batch(step)]
+            m = trainer.step(step)
+            n = args.samples
+            steps.append(
+                {
+                    "step_s": m["timing/step_s"],
+                    "rollout_s": m["timing/rollout_s"],
+                    "reward_s": m["timing/reward_s"],
+                    "update_s": m["timing/update_s"],
+                    "weight_sync_s": m["timing/weight_sync_s"],
+                    "prompt_lens": [len(r) for r in rows],
+                    "prompt_tokens": n * sum(len(r) for r in rows),
+                    "response_tokens": round(m["train/response_length_mean"] * len(rows) * n),
+                    "reward_mean": m["train/reward_mean"],
+                }
+            )
+            print(f"[bench] ours step {step}: {m['timing/step_s']:.2f}s", flush=True)
+        trainer.close()
+    return {"steps": steps, "peak_rss_gb": _peak_rss_gb(), "threads": torch.get_num_threads()}
+
+
+def run_trl(args) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from train.rewards.math_reward import MathReward
+
+    torch.set_num_threads(args.threads)
+    rows, prompt_lens = _step_prompts(args)
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in rows])
+    reward = MathReward()
+
+    def math_reward(prompts, completions, ground_truth, **kwargs):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        result = reward([{"ground_truth": g} for g in ground_truth], texts, list(range(len(texts))))
+        return result.scores
+
+    steps: list[dict] = []
+    current: dict = {}
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """Adds the generation and reward time of the step (TRL only logs them to wandb/mlflow/trackio)."""
+
+        def _generate(self, prompts):
+            t0 = time.perf_counter()
+            out = super()._generate(prompts)
+            current["rollout_s"] = current.get("rollout_s", 0.0) + time.perf_counter() - t0
+            current["prompt_tokens"] = current.get("prompt_tokens", 0) + sum(len(p) for p in out[0])
+            current["response_tokens"] = current.get("response_tokens", 0) + sum(len(c) for c in out[1])
+            current["response_length_min"] = min(len(c) for c in out[1])
+            return out
+
+        def _calculate_rewards(self, *a, **kw):
+            t0 = time.perf_counter()
+            out = super()._calculate_rewards(*a, **kw)
+            current["reward_s"] = current.get("reward_s", 0.0) + time.perf_counter() - t0
+            return out
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, targs, state, control, **kwargs):
+            current.clear()
+            current["t0"] = time.perf_counter()
+
+        def on_step_end(self, targs, state, control, **kwargs):
+            s = dict(current)
+            s["step_s"] = time.perf_counter() - s.pop("t0")
+            s["update_s"] = s["step_s"] - s.get("rollout_s", 0.0) - s.get("reward_s", 0.0)
+            s["weight_sync_s"] = 0.0  # HF generate samples from the trained weights themselves
+            step = len(steps)
+            s["prompt_lens"] = prompt_lens[step * args.prompts : (step + 1) * args.prompts]
+            steps.append(s)
+            print(f"[bench] trl step {state.global_step}: {s['step_s']:.2f}s", flush=True)
+
+    batch = args.prompts * args.samples
+    with tempfile.TemporaryDirectory(prefix="bench-trl-") as out_dir:
+        config = GRPOConfig(
+            output_dir=out_dir,
+            use_cpu=True,
+            bf16=args.precision == "bf16",
+            gradient_checkpointing=False,
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=1,
+            num_generations=args.samples,
+            max_completion_length=args.new_tokens,
+            generation_batch_size=batch,  # => steps_per_generation=1 (TRL refuses both set)
+            generation_kwargs={"min_new_tokens": args.new_tokens},
+            num_iterations=1,
+            beta=0.0,
+            temperature=1.0,
+            top_p=1.0,
+            learning_rate=1e-6,
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            lr_scheduler_type="constant",
+            max_steps=args.steps,
+            shuffle_dataset=False,  # the rows are already in our trainer's order
+            seed=args.seed,
+            report_to=[],
+            logging_steps=1,
+            save_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        trainer = TimedGRPOTrainer(
+            model=args.model,
+            reward_funcs=math_reward,
+            args=config,
+            train_dataset=dataset,
+            callbacks=[StepTimer()],
+        )
+        trainer.train()
+    return {"steps": steps, "peak_rss_gb": _peak_rss_gb(), "threads": torch.get_num_threads()}
+
+
+class FixedLengthVLLMEngine(VLLMEngine):
+    """The project's vLLM engine with EOS suppressed until max_new_tokens (vLLM `min_tokens`)."""
+
+    def _params(self, sampling, seed):
+        params = super()._params(sampling, seed)
+        params.min_tokens = sampling.max_new_tokens
+        return params
+
+
+# ---- driver ------------------------------------------------------------------------------------
+def _parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=4, help="steps per side, the first is a warm-up (default 4)")
+    p.add_argument("--precision", default="fp32", help="comma list of fp32,bf16 (bf16 is slow on AVX2 CPUs)")
+    p.add_argument("--model", default="default", help="default | tiny (random 2-layer Llama) | HF folder")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--sides", default="ours,trl", help="comma list of ours,trl")
+    p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", help="key=value overrides for our side (train.config keys)")
+    args = p.parse_args(argv)
+    args.precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
+    bad = [x for x in args.precisions if x not in ("fp32", "bf16")]
+    if bad:
+        p.error(f"--precision: unknown {bad} (expected fp32 and/or bf16)")
+    args.side_list = [x.strip() for x in args.sides.split(",") if x.strip()]
+    if any(s not in SIDES for s in args.side_list):
+        p.error(f"--sides: expected a comma list of {SIDES}")
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    return args
+
+
+def _worker_main(args) -> None:
+    result = run_ours(args) if args.worker == "ours" else run_trl(args)
+    Path(args.out).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # vLLM/reward pools can leave non-daemon threads behind
+
+
+def _run_side(args, side: str, precision: str, env: dict) -> dict | None:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, "-m", "train.bench", "--worker", side, "--out", out, "--precision", precision]
+    cmd += ["--steps", str(args.steps), "--model", args.model, "--prompts", str(args.prompts)]
+    cmd += ["--samples", str(args.samples), "--new-tokens", str(args.new_tokens)]
+    cmd += ["--threads", str(args.threads), "--seed", str(args.seed), *args.overrides]
+    print(f"[bench] {side} {precision}: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env)
+    try:
+        if proc.returncode != 0:
+            print(f"[bench] {side} {precision} FAILED (exit {proc.returncode})", flush=True)
+            return None
+        result = json.loads(Path(out).read_text())
+    finally:
+        Path(out).unlink(missing_ok=True)
+    print(f"[bench] {side} {precision} done in {time.perf_counter() - t0:.0f}s", flush=True)
+    return result
+
+
+def _other_load() -> str:
+    try:
+        load1 = os.getloadavg()[0]
+    except OSError:
+        return ""
+    return f"load average {load1:.2f} before the run"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    if args.worker:
+        args.precision = args.precisions[0]
+        _worker_main(args)
+        return
+
+    import torch
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    torch.set_num_threads(args.threads)
+    tmp_model = None
+    if args.model == "tiny":
+        from train.models import build_tiny_model
+
+        tmp_model = tempfile.TemporaryDirectory(prefix="bench-tiny-")
+        args.model = str(build_tiny_model(Path(tmp_model.name) / "model"))
+    else:
+        from train.models import resolve_model_path
+
+        args.model = str(resolve_model_path(args.model))
+
+    print(f"[bench] {_other_load()}; {os.cpu_count()} CPUs, {args.threads} threads per side", flush=True)
+    fp32_rate = matmul_flops_per_s("float32", 1024)
+    bf16_rate = matmul_flops_per_s("bfloat16", 512, min_time_s=0.5)
+    capability = torch.backends.cpu.get_cpu_capability()
+    accelerated = bf16_rate >= 0.5 * fp32_rate
+    rates = (
+        f"matmul: fp32 {fp32_rate / 1e9:.1f} GFLOP/s, bf16 {bf16_rate / 1e9:.1f} GFLOP/s "
+        f"({args.threads} threads, CPU capability {capability})"
+    )
+    print(f"[bench] {rates}", flush=True)
+    if not accelerated:
+        print(
+            f"[bench] bf16 is NOT accelerated on this CPU (bf16 matmul {fp32_rate / bf16_rate:.0f}x slower "
+            "than fp32): bf16 timings measure slow fallback kernels, not bf16 speed",
+            flush=True,
+        )
+    dims = model_dims(args.model)
+
+    tables = []
+    for precision in args.precisions:
+        results: dict[str, dict[str, float]] = {}
+        for side in args.side_list:
+            raw = _run_side(args, side, precision, env)
+            if raw is None:
+                continue
+            warmup = 1 if len(raw["steps"]) > 1 else 0
+            summary = summarize(raw["steps"], warmup)
+            summary["peak_rss_gb"] = raw["peak_rss_gb"]
+            timed = raw["steps"][warmup:]
+            flops = statistics.median(
+                step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples))
+                for s in timed
+            )
+            add_floor(summary, flops, fp32_rate)
+            summary["reward_mean"] = statistics.fmean(s.get("reward_mean", float("nan")) for s in timed)
+            results[side] = summary
+        timed_n = args.steps - (1 if args.steps > 1 else 0)
+        title = (
+            f"GRPO step, {precision}: {Path(args.model).name}, {args.prompts} prompts x {args.samples} samples "
+            f"x {args.new_tokens} new tokens, no KL, median of {timed_n} timed step(s)"
+            f"{' after 1 warm-up' if args.steps > 1 else ''}, OMP_NUM_THREADS={args.threads}"
+        )
+        note = (
+            f"floor_s = step FLOPs / fp32 matmul rate ({fp32_rate / 1e9:.1f} GFLOP/s); "
+            f"step FLOPs {results.get('ours', results.get('trl', {})).get('step_flops', 0) / 1e12:.3f} T"
+            f" (model body {dims.body_params / 1e6:.1f}M params, LM head {dims.hidden}x{dims.vocab});"
+            " TRL's update_s = step - generate - reward (includes its scoring bookkeeping)"
+        )
+        tables.append(f"{title}\n{format_table(results)}\n{note}")
+    print("=" * 100)
+    print(f"[bench] {rates}")
+    if not accelerated:
+        print("[bench] bf16 is NOT accelerated on this CPU: bf16 rows are fallback-kernel timings")
+    for t in tables:
+        print("\n" + t)
+    if tmp_model is not None:
+        tmp_model.cleanup()
+
+
+def _response_lens(step: dict, args) -> list[int]:
+    """Per-sample response lengths (the workers report totals; lengths are forced, so spread evenly)."""
+    total, count = int(step["response_tokens"]), len(step["prompt_lens"]) * args.samples
+    base, extra = divmod(total, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+if __name__ == "__main__":
+    main()
