@@ -204,6 +204,11 @@ def _peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
 
 
+def _worker_result(steps: list[dict], threads: int) -> dict:
+    # The 1-minute load average at the end tells whether other processes shared the CPUs.
+    return {"steps": steps, "peak_rss_gb": _peak_rss_gb(), "threads": threads, "load_avg": os.getloadavg()[0]}
+
+
 def _our_overrides(args, run_dir: str) -> list[str]:
     return [
         f"model.path={args.model}",
@@ -270,7 +275,7 @@ def run_ours(args) -> dict:
             )
             print(f"[bench] ours step {step}: {m['timing/step_s']:.2f}s", flush=True)
         trainer.close()
-    return {"steps": steps, "peak_rss_gb": _peak_rss_gb(), "threads": torch.get_num_threads()}
+    return _worker_result(steps, torch.get_num_threads())
 
 
 def run_trl(args) -> dict:
@@ -365,7 +370,7 @@ def run_trl(args) -> dict:
             callbacks=[StepTimer()],
         )
         trainer.train()
-    return {"steps": steps, "peak_rss_gb": _peak_rss_gb(), "threads": torch.get_num_threads()}
+    return _worker_result(steps, torch.get_num_threads())
 
 
 class FixedLengthVLLMEngine(VLLMEngine):
@@ -389,6 +394,9 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--sides", default="ours,trl", help="comma list of ours,trl")
+    p.add_argument(
+        "--reuse", help="keep each side's raw result in DIR/<side>-<precision>.json; reuse existing"
+    )
     p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="key=value overrides for our side (train.config keys)")
@@ -405,14 +413,28 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _prefer_oom_kill() -> None:
+    """Make the kernel's OOM killer pick this worker first, not a training job sharing the machine."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError:
+        pass
+
+
 def _worker_main(args) -> None:
+    _prefer_oom_kill()
     result = run_ours(args) if args.worker == "ours" else run_trl(args)
     Path(args.out).write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)  # vLLM/reward pools can leave non-daemon threads behind
 
 
-def _run_side(args, side: str, precision: str, env: dict) -> dict | None:
+def _run_side(args, side: str, precision: str, env: dict) -> tuple[dict | None, str]:
+    """(raw worker result, "") or (None, why it failed). With --reuse DIR, results are kept there and reused."""
+    kept = Path(args.reuse) / f"{side}-{precision}.json" if args.reuse else None
+    if kept is not None and kept.is_file():
+        print(f"[bench] {side} {precision}: reusing {kept} (measured earlier, not in this run)", flush=True)
+        return json.loads(kept.read_text()), ""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, "-m", "train.bench", "--worker", side, "--out", out, "--precision", precision]
@@ -424,13 +446,19 @@ def _run_side(args, side: str, precision: str, env: dict) -> dict | None:
     proc = subprocess.run(cmd, env=env)
     try:
         if proc.returncode != 0:
-            print(f"[bench] {side} {precision} FAILED (exit {proc.returncode})", flush=True)
-            return None
+            why = f"exit {proc.returncode}"
+            if proc.returncode == -9:
+                why += ": SIGKILL, e.g. the kernel's OOM killer when memory ran out"
+            print(f"[bench] {side} {precision} FAILED ({why})", flush=True)
+            return None, why
         result = json.loads(Path(out).read_text())
     finally:
         Path(out).unlink(missing_ok=True)
     print(f"[bench] {side} {precision} done in {time.perf_counter() - t0:.0f}s", flush=True)
-    return result
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(result))
+    return result, ""
 
 
 def _other_load() -> str:
@@ -484,10 +512,16 @@ def main(argv: list[str] | None = None) -> None:
     tables = []
     for precision in args.precisions:
         results: dict[str, dict[str, float]] = {}
+        notes = []
         for side in args.side_list:
-            raw = _run_side(args, side, precision, env)
+            raw, why = _run_side(args, side, precision, env)
             if raw is None:
+                notes.append(f"{side}: FAILED ({why})")
                 continue
+            notes.append(
+                f"{side}: {raw['threads']} torch threads; 1-min load average at its end {raw['load_avg']:.2f}"
+                f" on {os.cpu_count()} CPUs (above {args.threads} = other processes shared the CPUs)"
+            )
             warmup = 1 if len(raw["steps"]) > 1 else 0
             summary = summarize(raw["steps"], warmup)
             summary["peak_rss_gb"] = raw["peak_rss_gb"]
@@ -511,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
             f" (model body {dims.body_params / 1e6:.1f}M params, LM head {dims.hidden}x{dims.vocab});"
             " TRL's update_s = step - generate - reward (includes its scoring bookkeeping)"
         )
-        tables.append(f"{title}\n{format_table(results)}\n{note}")
+        tables.append("\n".join([title, format_table(results), note, *notes]))
     print("=" * 100)
     print(f"[bench] {rates}")
     if not accelerated:
