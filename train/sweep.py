@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -186,7 +188,8 @@ def submit(
         cfg.parent_run_id = parent_id
         cfg.tags = {**tags, "rlpost.kind": "train", "rlpost.grid_point": json.dumps(point)}
         write_status(Path(cfg.run_dir), "submitted")
-        job = executor.submit(run_point, OmegaConf.to_yaml(cfg), str(sweep_dir / "slots"), max_parallel)
+        with _detached_stdio():
+            job = executor.submit(run_point, OmegaConf.to_yaml(cfg), str(sweep_dir / "slots"), max_parallel)
         jobs.append(
             {"point": point, "run_dir": cfg.run_dir, "job_id": str(job.job_id), "run_name": cfg.run_name}
         )
@@ -201,6 +204,25 @@ def submit(
     }
     (sweep_dir / "sweep.json").write_text(json.dumps(info, indent=1))
     return info
+
+
+@contextlib.contextmanager
+def _detached_stdio():
+    """Local jobs' controllers inherit fds 1 and 2: point them at /dev/null while submitting, so
+    `make sweep | tail` returns instead of waiting for the jobs (their logs go to the logs folder)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
 
 
 def latest_sweep(experiment: str) -> Path | None:
