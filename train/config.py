@@ -7,6 +7,7 @@ dicts, so a new one is a config change, not an `if` chain.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENTS_DIR = PROJECT_ROOT / "experiments"
+EXPERIMENTS_DIR = Path(os.environ.get("RLPOST_EXPERIMENTS_DIR", PROJECT_ROOT / "experiments"))
 
 
 @dataclass
@@ -155,7 +156,9 @@ def build_config(
         for layer in layers:
             cfg = OmegaConf.merge(_drop_replaced_components(cfg, layer), layer)
     except Exception as exc:  # omegaconf's messages name the key; keep the first line
-        raise ConfigError(f"bad config value: {str(exc).splitlines()[0]}") from exc
+        key = getattr(exc, "full_key", None)
+        where = f" for {key}" if key else ""
+        raise ConfigError(f"bad config value{where}: {str(exc).splitlines()[0]}") from exc
     validate(cfg)
     return cfg
 

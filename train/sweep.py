@@ -26,6 +26,10 @@ from train.config import PROJECT_ROOT, ConfigError, build_config, load_experimen
 SLURM_DIR = PROJECT_ROOT / "slurm"
 
 
+def outputs_root() -> Path:
+    return Path(os.environ.get("RLPOST_OUTPUTS", PROJECT_ROOT / "outputs"))
+
+
 def expand_grid(grid: dict[str, list]) -> list[dict[str, object]]:
     """Cartesian product of `key: [values]`, in file order; an empty grid is one point."""
     keys = list(grid)
@@ -163,7 +167,7 @@ def submit(
 ) -> dict:
     exp, points = plan(experiment, overrides or [])
     sweep_id = f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
-    sweep_dir = PROJECT_ROOT / "outputs" / experiment / "sweeps" / sweep_id
+    sweep_dir = outputs_root() / experiment / "sweeps" / sweep_id
     executor = make_executor(launcher, sweep_dir / "logs", cluster)
     executor.update_parameters(name=sweep_id)
     from train.tracking import Tracker
@@ -226,7 +230,7 @@ def _detached_stdio():
 
 
 def latest_sweep(experiment: str) -> Path | None:
-    root = PROJECT_ROOT / "outputs" / experiment / "sweeps"
+    root = outputs_root() / experiment / "sweeps"
     found = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
