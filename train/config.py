@@ -85,7 +85,7 @@ class OptimConfig:
 class PolicyConfig:
     precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights and gradient reduction)
     gradient_checkpointing: bool = False
-    micro_batch_tokens: int = 4096  # token budget of one forward/backward micro-batch (padded tokens)
+    micro_batch_tokens: int = 2048  # token budget of one forward/backward micro-batch (padded tokens)
 
 
 @dataclass

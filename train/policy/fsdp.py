@@ -46,7 +46,7 @@ class Policy:
         betas: tuple[float, float] = (0.9, 0.999),
         grad_clip: float = 1.0,
         gradient_checkpointing: bool = False,
-        micro_batch_tokens: int = 4096,
+        micro_batch_tokens: int = 2048,
         warmup_steps: int = 0,
         lr_schedule: str = "constant",
         total_steps: int = 1,
