@@ -22,6 +22,7 @@ def test_kl_minibatches_entropy_checkpointing_with_hf_engine(tiny_model, dist_gr
             "algorithm.kl_loss_type=k3", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_epochs=2",
             "algorithm.entropy_coeff=0.01", "algorithm.loss_agg_mode=seq-mean-token-sum-norm",
             "policy.gradient_checkpointing=true", "policy.micro_batch_tokens=64", "optim.lr=1e-3",
+            "val_every=2", "data.val_path=builtin:arithmetic", "data.val_size=6",
         ]
     )  # fmt: skip
     cfg.run_name = "variants"
@@ -35,6 +36,8 @@ def test_kl_minibatches_entropy_checkpointing_with_hf_engine(tiny_model, dist_gr
     assert second["actor/kl_loss"] > 0
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "train/reward_mean"):
         assert math.isfinite(second[key]), key
+    val = trainer.validate(2)
+    assert set(val) == {"val/reward_mean", "val/accuracy"} and 0 <= val["val/accuracy"] <= 1
     trainer.close()
 
 

@@ -26,7 +26,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     train_path: str = "builtin:arithmetic"  # Parquet file (data_prep schema) or builtin:arithmetic
-    val_path: str | None = None  # optional held-out Parquet file for periodic validation
+    val_path: str | None = None  # held-out Parquet file (or builtin:arithmetic, its test split) for val_every
+    val_size: int = 200  # rows generated when val_path is builtin:arithmetic
     builtin_size: int = 2000  # rows generated for builtin:arithmetic
     prompts_per_step: int = 8  # prompts per rollout batch (x rollout.n samples each)
     max_prompt_tokens: int = 256  # longer prompts are dropped at load time (counted and reported)
@@ -99,7 +100,7 @@ class TrainConfig:
     save_every: int = 10  # checkpoint every N steps (and at the end); 0 = only at the end
     keep_last: int | None = 2  # checkpoints kept (None = all)
     resume: bool = False  # continue from <run_dir>/checkpoints/latest in the same MLflow run
-    val_every: int = 0  # validation every N steps on data.val_path (0 = off)
+    val_every: int = 0  # greedy validation every N steps on data.val_path, logged as val/* (0 = off)
     log_every: int = 1
     world_size: int = 1  # ranks (torchrun is used when > 1)
     track: bool = True  # log to MLflow (MLFLOW_TRACKING_URI, else ./mlflow.db)

@@ -124,6 +124,11 @@ class Trainer:
                 f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
             )
         self.sampler = PromptSampler(len(self.rows), cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+        self.val_rows: list[dict] = []
+        if cfg.val_every and cfg.data.val_path:
+            val = load_rows(cfg.data.val_path, cfg.data.val_size, cfg.seed, split="test")
+            self.val_rows = val[self.rank :: self.world]
+            self.val_prompt_ids = encode_prompts(self.tokenizer, self.val_rows)
 
         opt, pol = cfg.optim, cfg.policy
         self.policy = Policy(
@@ -227,6 +232,8 @@ class Trainer:
             last = self.step(step)
             if self.rank == 0 and step % cfg.log_every == 0:
                 print(_one_line(step, cfg.total_steps, last), flush=True)
+            if self.val_rows and step % cfg.val_every == 0:
+                last.update(self.validate(step))
             self.tracker.log_metrics(last, step)
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
                 self.save(step)
@@ -364,6 +371,21 @@ class Trainer:
             }
         )
         return m
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy answers on the held-out set, scored by the training reward: `val/*` metrics."""
+        sampling = SamplingConfig(
+            n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens, seed=0
+        )
+        rollout = self.engine.generate(self.val_prompt_ids, sampling)
+        reward = self.reward_fn(self.val_rows, rollout.texts, rollout.group_index)
+        gathered = all_gather_objects((reward.scores, reward.correct))
+        scores = [s for g in gathered for s in g[0]]
+        out = {"val/reward_mean": statistics.fmean(scores)}
+        if all(g[1] is not None for g in gathered):
+            out["val/accuracy"] = statistics.fmean(c for g in gathered for c in g[1])
+        self._print(f"step {step} validation: " + " ".join(f"{k} {v:.3f}" for k, v in out.items()))
+        return out
 
     def save(self, step: int) -> None:
         path = ckpt.save_checkpoint(
