@@ -41,6 +41,23 @@ def test_kl_minibatches_entropy_checkpointing_with_hf_engine(tiny_model, dist_gr
     trainer.close()
 
 
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus", "remax"])
+def test_other_estimators_train(estimator, tiny_model, dist_group, tmp_path):
+    cfg = build_config(
+        overrides=[
+            f"model.path={tiny_model}", f"run_dir={tmp_path / estimator}", "track=false", "total_steps=1",
+            "reward._target_=tests.rewards_for_tests.VowelShareReward", "data.prompts_per_step=2",
+            "data.builtin_size=8", "rollout.n=3", "rollout.max_new_tokens=6", f"algorithm.adv_estimator={estimator}",
+            "rollout.engine._target_=train.rollout.hf_engine.HFEngine", "optim.lr=1e-3",
+        ]
+    )  # fmt: skip
+    cfg.run_name = estimator
+    trainer = Trainer(cfg)
+    metrics = trainer.step(1)
+    assert metrics["actor/grad_norm"] > 0 and math.isfinite(metrics["actor/pg_loss"])
+    trainer.close()
+
+
 def test_missing_dataset_is_a_one_line_error(capsys, tmp_path):
     assert main([f"data.train_path={tmp_path / 'nope.parquet'}", "track=false", "model.path=default"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -273,9 +273,11 @@ class Trainer:
             kl = kl_penalty(old_for_kl, ref_lp, "k1") * mask
             kl_in_reward = (kl.sum(-1)).mean().item()
             scores = scores - algo.kl_in_reward_coef * kl.sum(-1)  # k1 summed over the response
-        adv_kwargs = (
-            {"norm_adv_by_std_in_grpo": algo.norm_adv_by_std_in_grpo} if algo.adv_estimator == "grpo" else {}
-        )
+        adv_kwargs = {}
+        if algo.adv_estimator == "grpo":
+            adv_kwargs["norm_adv_by_std_in_grpo"] = algo.norm_adv_by_std_in_grpo
+        elif algo.adv_estimator == "remax":  # baseline: the reward of a greedy answer to the same prompt
+            adv_kwargs["baselines"] = self._greedy_baselines(mine, rows)[group_index]
         advantages = self.estimator(scores, group_index, mask, **adv_kwargs)
         # ---- policy update(s) ----
         update_metrics = self._update(rollout, advantages, mask, old_lp, ref_lp)
@@ -284,6 +286,15 @@ class Trainer:
         self.engine.update_weights(self.policy.full_weights())
         t4 = time.perf_counter()
         return self._metrics(step, rollout, reward, update_metrics, kl_in_reward, (t0, t1, t2, t3, t4))
+
+    def _greedy_baselines(self, prompt_indices: list[int], rows: list[dict]) -> torch.Tensor:
+        """ReMax: one greedy rollout per prompt, scored by the same reward; (num_prompts,)."""
+        sampling = SamplingConfig(
+            n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens, seed=0
+        )
+        greedy = self.engine.generate([self.prompt_ids[i] for i in prompt_indices], sampling)
+        reward = self.reward_fn(rows, greedy.texts, greedy.group_index)
+        return torch.tensor(reward.scores, dtype=torch.float32)
 
     def _update(self, rollout: Rollout, advantages, mask, old_lp, ref_lp) -> dict[str, float]:
         """ppo_epochs x mini-batches optimizer steps over this rollout."""
