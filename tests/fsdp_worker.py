@@ -21,8 +21,9 @@ def main(model: str, out: str, mode: str) -> None:
     rank, world = init_distributed()
     g = torch.Generator().manual_seed(0)
     n_groups, n = 4, 4
-    prompts = [torch.randint(10, 4000, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(n_groups) for _ in range(n)]  # fmt: skip
+    group_prompts = [torch.randint(10, 4000, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+                     for _ in range(n_groups)]  # fmt: skip
+    prompts = [p for p in group_prompts for _ in range(n)]  # a GRPO batch: the shared-prompt layout
     responses = [torch.randint(10, 4000, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
                  for _ in range(n_groups * n)]  # fmt: skip
     scores = torch.rand(n_groups * n, generator=g)

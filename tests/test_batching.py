@@ -38,3 +38,62 @@ def test_make_micro_batches_rows_point_back_to_the_batch():
     for mb in mbs:
         for k, row in enumerate(mb.rows.tolist()):
             assert int(mb.response_mask[k].sum()) == len(responses[row])
+
+
+def test_prompt_units_group_rows_by_prompt_and_split_to_the_budget():
+    from train.policy.batching import prompt_units
+
+    prompts = [[1, 2], [1, 2], [3], [1, 2]]
+    responses = [[5, 5, 5], [6], [7], [8, 8]]
+    assert prompt_units(prompts, responses, token_budget=100) == [[0, 1, 3], [2]]
+    # prompt 2 tokens + responses padded to 3: (8 - 2) // 3 = 2 responses per unit
+    assert prompt_units(prompts, responses, token_budget=8) == [[0, 1], [3], [2]]
+
+
+def test_collate_shared_layout_hand_checked():
+    from train.policy.batching import collate_shared
+
+    mb = collate_shared([[1, 2], [1, 2]], [[7], [8, 9]], [[0, 1]], pad_id=0)
+    # P=2, R=2, two response slots at columns 2 and 4; segments [0, 0, 1, pad, 2, 2]
+    assert mb.input_ids.tolist() == [[1, 2, 7, 0, 8, 9]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 0, 2, 3]]  # both responses continue the prompt at 2
+    assert mb.keep.tolist() == [1, 2, 4]  # P-1 predicts each first token; 2 -> slot 0 t=1, 4 -> slot 1 t=1
+    assert mb.gather_unit.tolist() == [[0, 0], [0, 0]] and mb.gather_col.tolist() == [[0, 1], [0, 2]]
+    assert mb.response_ids.tolist() == [[7, 0], [8, 9]] and mb.response_mask.tolist() == [[1, 0], [1, 1]]
+    assert mb.attention_mask.int()[0, 0].tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],  # response 0 sees the prompt and itself
+        [0, 0, 0, 1, 0, 0],  # a padding query sees only itself (no all-masked row)
+        [1, 1, 0, 0, 1, 0],  # response 1 does not see response 0
+        [1, 1, 0, 0, 1, 1],
+    ]
+    assert mb.num_tokens == 5 and mb.rows.tolist() == [0, 1]
+
+
+def test_shared_prompt_layout_gives_the_plain_layouts_log_probs_and_gradients(tiny_model, dist_group):
+    from train.policy.fsdp import Policy
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 4000, (int(k),), generator=g).tolist() for k in (3, 9, 6)]
+    rows = [p for p in prompts for _ in range(4)]
+    responses = [torch.randint(10, 4000, (int(k),), generator=g).tolist() for k in [1, 8, 0, 5] * 3]
+    plain = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=False, micro_batch_tokens=40, pad_id=0)
+    shared = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=True, micro_batch_tokens=40, pad_id=0)
+    assert all(mb.keep is not None for mb in shared.micro_batches(rows, responses))
+    assert len(shared.micro_batches(rows, responses)) > 1  # groups split over micro-batches too
+    lp_plain, ent_plain = plain.compute_log_probs(rows, responses, with_entropy=True)
+    lp_shared, ent_shared = shared.compute_log_probs(rows, responses, with_entropy=True)
+    torch.testing.assert_close(lp_shared, lp_plain, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent_shared, ent_plain, rtol=0, atol=1e-5)
+    weights = torch.rand(len(rows), lp_plain.shape[1], generator=g)
+
+    def loss_fn(mb, log_probs, entropy):
+        return -(log_probs * weights[mb.rows, : log_probs.shape[1]] * mb.response_mask).sum(), {}
+
+    for policy in (plain, shared):
+        policy.train_step(rows, responses, loss_fn, with_entropy=False)
+    grads = [{n: p.grad.full_tensor() for n, p in pol.model.named_parameters()} for pol in (plain, shared)]
+    for name, grad in grads[0].items():
+        scale = float(grad.abs().max())  # fp32 sums in another order: equal to ~1e-6 of the largest entry
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)

@@ -88,6 +88,7 @@ class PolicyConfig:
     precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights and gradient reduction)
     gradient_checkpointing: bool = False
     micro_batch_tokens: int = 2048  # token budget of one forward/backward micro-batch (padded tokens)
+    share_prompts: bool = True  # a group's prompt runs through the model once, not n times (same log-probs)
 
 
 @dataclass

@@ -66,6 +66,7 @@ def build_policy(cfg: DictConfig, weights: str | Path, pad_id: int) -> Policy:
         grad_clip=opt.grad_clip,
         gradient_checkpointing=pol.gradient_checkpointing,
         micro_batch_tokens=pol.micro_batch_tokens,
+        share_prompts=pol.share_prompts,
         warmup_steps=opt.warmup_steps,
         lr_schedule=opt.schedule,
         total_steps=cfg.total_steps,

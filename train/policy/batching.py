@@ -1,8 +1,15 @@
 """Token-budget micro-batches: rows sorted by length, packed until the padded size hits the budget.
 
-Layout of one micro-batch (b rows): prompts left-padded to a common width P, responses right-padded
-to a common width R, so every response starts at column P and the logits the loss needs are the
-contiguous columns P-1 .. P+R-2 (the LM head runs on those only, not on the prompt).
+Plain layout (b rows): prompts left-padded to a common width P, responses right-padded to a common
+width R, so every response starts at column P and the logits the loss needs are the contiguous columns
+P-1 .. P+R-2 (the LM head runs on those only, not on the prompt).
+
+Shared-prompt layout (`share_prompts=True`, what GRPO groups want): the rows that share a prompt become
+ONE sequence, the prompt once followed by its m responses, each response in its own slot of width R at
+column P + j*R. A 4-D attention mask lets response j see the prompt and itself (causally) and nothing of
+the other responses, and its position ids restart after the prompt, so every response token gets exactly
+the log-prob it gets in the plain layout, while the prompt's forward and backward run once per group
+instead of n times (for 8 prompts x 4 samples x 64 tokens: 40% fewer tokens through the model).
 """
 
 from __future__ import annotations
@@ -21,9 +28,18 @@ class MicroBatch:
     response_ids: torch.Tensor  # (b, R)
     response_mask: torch.Tensor  # (b, R) float
     prompt_width: int  # P
+    # shared-prompt layout only: input_ids etc. are (U units, T); the logit columns to compute, and
+    # for response row k, token t the unit and the column (into `keep`) whose logits predict it
+    keep: torch.Tensor | None = None  # (K,)
+    gather_unit: torch.Tensor | None = None  # (b, R)
+    gather_col: torch.Tensor | None = None  # (b, R)
+    input_valid: torch.Tensor | None = None  # (U, T) real tokens
 
     @property
     def num_tokens(self) -> int:
+        """Real (unpadded) tokens through the model."""
+        if self.input_valid is not None:
+            return int(self.input_valid.sum())
         return int(self.attention_mask.sum())
 
 
@@ -85,6 +101,95 @@ def make_micro_batches(
 ) -> list[MicroBatch]:
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     return [collate(prompt_ids, response_ids, g, pad_id) for g in plan_micro_batches(lengths, token_budget)]
+
+
+def prompt_units(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int
+) -> list[list[int]]:
+    """Rows grouped by identical prompt (first-seen order), a group split so prompt + its responses
+    (each padded to the group's longest) fit the budget. E.g. prompts [a, a, b, a] -> [[0, 1, 3], [2]]."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompt_ids):
+        by_prompt.setdefault(tuple(p), []).append(i)
+    units = []
+    for prompt, rows in by_prompt.items():
+        width = max(max(len(response_ids[i]) for i in rows), 1)
+        per_unit = max(1, (token_budget - len(prompt)) // width)
+        units += [rows[k : k + per_unit] for k in range(0, len(rows), per_unit)]
+    return units
+
+
+def collate_shared(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], units: list[list[int]], pad_id: int
+) -> MicroBatch:
+    """One shared-prompt micro-batch: each unit (rows with one prompt) is one sequence (module docstring)."""
+    P = max(len(prompt_ids[u[0]]) for u in units)
+    R = max(max(len(response_ids[i]) for u in units for i in u), 1)
+    J = max(len(u) for u in units)
+    T, U = P + J * R, len(units)
+    input_ids = torch.full((U, T), pad_id, dtype=torch.long)
+    segment = torch.full((U, T), -1, dtype=torch.long)  # 0 prompt, j+1 response j, -1 padding
+    position_ids = torch.zeros((U, T), dtype=torch.long)
+    rows = [i for u in units for i in u]
+    b = len(rows)
+    response = torch.full((b, R), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((b, R), dtype=torch.float32)
+    gather_unit = torch.zeros((b, R), dtype=torch.long)
+    gather_col = torch.zeros((b, R), dtype=torch.long)
+    # logits at P-1 (the prompt's last token) predict every response's first token; then per slot j
+    # the columns P + j*R + t - 1 predict token t >= 1
+    keep = [P - 1] + [P + j * R + t - 1 for j in range(J) for t in range(1, R)]
+    k = 0
+    for u, unit in enumerate(units):
+        p = prompt_ids[unit[0]]
+        L = len(p)
+        input_ids[u, P - L : P] = torch.tensor(p, dtype=torch.long)
+        segment[u, P - L : P] = 0
+        position_ids[u, P - L : P] = torch.arange(L)
+        for j, i in enumerate(unit):
+            r = response_ids[i]
+            start = P + j * R
+            if r:
+                input_ids[u, start : start + len(r)] = torch.tensor(r, dtype=torch.long)
+                segment[u, start : start + len(r)] = j + 1
+                position_ids[u, start : start + len(r)] = L + torch.arange(len(r))
+                response[k, : len(r)] = torch.tensor(r, dtype=torch.long)
+                response_mask[k, : len(r)] = 1.0
+            gather_unit[k] = u
+            gather_col[k, 1:] = 1 + j * (R - 1) + torch.arange(R - 1)
+            k += 1
+    valid = segment >= 0
+    q, kv = segment.unsqueeze(2), segment.unsqueeze(1)  # (U, T, 1), (U, 1, T)
+    causal = torch.ones((T, T), dtype=torch.bool).tril()
+    mask = causal & valid.unsqueeze(1) & valid.unsqueeze(2) & ((kv == 0) | (kv == q))
+    mask |= torch.eye(T, dtype=torch.bool)  # padding queries see themselves: no all-masked row (NaN)
+    return MicroBatch(
+        rows=torch.tensor(rows, dtype=torch.long),
+        input_ids=input_ids,
+        attention_mask=mask.unsqueeze(1),
+        position_ids=position_ids,
+        response_ids=response,
+        response_mask=response_mask,
+        prompt_width=P,
+        keep=torch.tensor(keep, dtype=torch.long),
+        gather_unit=gather_unit,
+        gather_col=gather_col,
+        input_valid=valid,
+    )
+
+
+def make_shared_micro_batches(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[MicroBatch]:
+    """Shared-prompt micro-batches; falls back to the plain layout when no two rows share a prompt."""
+    units = prompt_units(prompt_ids, response_ids, token_budget)
+    if len(units) == len(prompt_ids):
+        return make_micro_batches(prompt_ids, response_ids, token_budget, pad_id)
+    lengths = [len(prompt_ids[u[0]]) + len(u) * max(max(len(response_ids[i]) for i in u), 1) for u in units]
+    return [
+        collate_shared(prompt_ids, response_ids, [units[k] for k in group], pad_id)
+        for group in plan_micro_batches(lengths, token_budget)
+    ]
 
 
 def empty_micro_batch(pad_id: int) -> MicroBatch:

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
-from train.policy.batching import MicroBatch, empty_micro_batch, make_micro_batches
+from train.policy.batching import MicroBatch, empty_micro_batch, make_micro_batches, make_shared_micro_batches
 from train.policy.distributed import all_reduce_max
 
 PRECISIONS = ("fp32", "bf16")
@@ -51,6 +51,7 @@ class Policy:
         lr_schedule: str = "constant",
         total_steps: int = 1,
         pad_id: int = 0,
+        share_prompts: bool = True,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
@@ -60,6 +61,7 @@ class Policy:
         self.grad_clip = grad_clip
         self.micro_batch_tokens = micro_batch_tokens
         self.pad_id = pad_id
+        self.share_prompts = share_prompts  # rows with one prompt: the prompt runs once (batching.py)
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         self.config = model.config
         if gradient_checkpointing and trainable:
@@ -95,7 +97,7 @@ class Policy:
         self, mb: MicroBatch, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         R = mb.response_ids.shape[1]
-        keep = torch.arange(mb.prompt_width - 1, mb.prompt_width + R - 1)
+        keep = mb.keep if mb.keep is not None else torch.arange(mb.prompt_width - 1, mb.prompt_width + R - 1)
         out = self.model(
             input_ids=mb.input_ids,
             attention_mask=mb.attention_mask,
@@ -104,6 +106,8 @@ class Policy:
             use_cache=False,
         )
         logits = out.logits  # (b, R, V): bf16 under bf16 precision, never copied whole to fp32
+        if mb.gather_unit is not None:  # shared-prompt layout: (U, K, V) -> each response's (b, R, V)
+            logits = logits[mb.gather_unit, mb.gather_col]
         log_probs = logprobs_from_logits(logits, mb.response_ids)
         entropy = None
         if with_entropy:
@@ -121,7 +125,8 @@ class Policy:
         FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang the
         others, so ranks with less data run masked-out one-token batches (zero loss, zero gradient).
         """
-        mbs = make_micro_batches(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
+        make = make_shared_micro_batches if self.share_prompts else make_micro_batches
+        mbs = make(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
         target = all_reduce_max(len(mbs))
         while len(mbs) < target:
             mbs.append(empty_micro_batch(self.pad_id))
