@@ -147,6 +147,27 @@ def test_two_point_sweep_runs_through_submitit_and_mlflow(tiny_model, tmp_path):
         assert metric_steps(env, child.info.run_id) == [1, 2]
     status = sweep_cli(env, "tinysweep", "--status", timeout=120)
     assert status.stdout.count(" done ") == 2, status.stdout
+    # --wait's live table ends with both points done at step 2/2, one row each
+    final_table = run.stdout[run.stdout.rindex("done=2") :]
+    assert final_table.count(" done ") == 2 and final_table.count(" 2/2 ") == 2, run.stdout[-2000:]
+
+
+def test_job_table_shows_each_points_state_step_and_last_metrics(tmp_path):
+    from train.progress import write_progress
+    from train.sweep import job_table
+
+    rows = []
+    for k, state in enumerate(["running", "submitted"]):
+        (tmp_path / str(k)).mkdir()
+        rows.append(
+            {"job_id": str(100 + k), "state": state, "run_dir": str(tmp_path / str(k)), "point": {"seed": k}}
+        )
+    write_progress(tmp_path / "0", 3, 8, {"train/accuracy": 0.25, "train/reward_mean": 0.5, "timing/step_s": 41.0,
+                                          "actor/grad_norm": 1.0})  # fmt: skip
+    lines = job_table(rows).splitlines()
+    assert len(lines) == 3 and lines[0].split()[:3] == ["job", "state", "step"]
+    assert lines[1].split() == ["100", "running", "3/8", "0.250", "0.500", "41.0", '{"seed":', "0}"]
+    assert lines[2].split()[:6] == ["101", "submitted", "-", "-", "-", "-"]  # not started: no progress yet
 
 
 @pytest.mark.slow

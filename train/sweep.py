@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment
 from train.launch.executors import load_cluster_profile, make_executor, scheduler_view  # noqa: F401
 from train.launch.job import TrainPoint, mark_mlflow_run, read_status, write_status
+from train.progress import read_progress
 from train.tracking import recorded_run_id
 
 POINT_CONFIG = "sweep_point.yaml"  # the point's full config, what every (re)submission runs
@@ -290,16 +291,44 @@ def resume(experiment: str) -> dict:
     return {**info, "resubmitted": [info["jobs"][i] for i in todo]}
 
 
+def job_table(rows: list[dict], now: float | None = None) -> str:
+    """One line per point: job id, state, step k/N, the last step's accuracy/reward and time, the point."""
+    now = time.time() if now is None else now
+    lines = [f"{'job':>10}  {'state':<9} {'step':>9}  {'acc':>6} {'reward':>7} {'s/step':>7}  point"]
+    for r in rows:
+        prog = read_progress(Path(r["run_dir"]))
+        m = prog.get("metrics", {})
+        step = f"{prog['step']}/{prog['total']}" if prog else "-"
+        acc = m.get("train/accuracy", m.get("val/accuracy"))
+        reward = m.get("train/reward_mean", m.get("train/loss"))
+        cells = [f"{v:.3f}" if v is not None else "-" for v in (acc, reward)]
+        secs = f"{m['timing/step_s']:.1f}" if "timing/step_s" in m else "-"
+        lines.append(f"{r['job_id']:>10}  {r['state']:<9} {step:>9}  {cells[0]:>6} {cells[1]:>7} {secs:>7}  "
+                     f"{json.dumps(r['point'])}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def wait(info: dict, poll_s: float = 10.0) -> int:
-    """Print a line of job-state counts every poll until every point has ended; 1 if any failed/died."""
+    """A live table of the points until every one has ended (redrawn in place on a terminal, printed
+    again only when a state or step changes otherwise); 1 if any failed/died."""
     sweep_json = Path(info["logs"]).parent / "sweep.json"
     states = ("submitted", "waiting", "running", "requeued", "done", "failed", "dead")
+    tty = sys.stdout.isatty()
+    shown = None
     while True:
         rows = status_rows(sweep_json)
         counts = {s: sum(r["state"] == s for r in rows) for s in states}
-        print(time.strftime("%H:%M:%S"), " ".join(f"{k}={v}" for k, v in counts.items() if v), flush=True)
+        key = [(r["state"], read_progress(Path(r["run_dir"])).get("step")) for r in rows]
+        if tty or key != shown:
+            head = time.strftime("%H:%M:%S") + "  " + " ".join(f"{k}={v}" for k, v in counts.items() if v)
+            text = head + "\n" + job_table(rows)
+            print(("\x1b[H\x1b[J" if tty else "") + text, flush=True)
+            shown = key
         if all(r["state"] in ENDED for r in rows):
             reconcile_mlflow(info, rows)
+            for r in rows:
+                if r["state"] in ("failed", "dead"):
+                    print(f"{r['job_id']} {r['state']}: {r.get('message') or r.get('scheduler_state', '')}")
             return 1 if counts["failed"] + counts["dead"] else 0
         time.sleep(poll_s)
 

@@ -32,6 +32,7 @@ from train.algorithms.losses import actor_loss, global_normalisers, kl_penalty
 from train.data import PromptSampler, load_rows
 from train.policy.distributed import all_gather_objects, all_reduce_sum, barrier
 from train.policy.fsdp import Policy
+from train.progress import write_progress
 from train.rewards.base import RewardResult
 from train.rollout.base import Rollout, SamplingConfig
 from train.run_setup import (
@@ -128,6 +129,7 @@ class Trainer:
                 precision=pol.precision,
                 trainable=False,
                 micro_batch_tokens=pol.micro_batch_tokens,
+                share_prompts=pol.share_prompts,
                 pad_id=self.pad_id,
             )
         restore_training_state(self.policy, self.state, self.rank)
@@ -143,8 +145,9 @@ class Trainer:
         self.owns_engine = engine is None
         if engine is None:
             engine_cfg = OmegaConf.to_container(cfg.rollout.engine, resolve=True)
-            engine = instantiate(
+            engine = instantiate(  # not recursive: a wrapper engine (RayEngine) builds its inner one
                 engine_cfg,
+                _recursive_=False,
                 model_path=str(weights),
                 dtype=engine_dtype,
                 max_model_len=cfg.rollout.max_model_len,
@@ -193,6 +196,8 @@ class Trainer:
             if self.val_rows and step % cfg.val_every == 0:
                 last.update(self.validate(step))
             self.tracker.log_metrics(last, step)
+            if self.rank == 0:
+                write_progress(self.run_dir, step, cfg.total_steps, last)
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
                 self.save(step)
         self.tracker.finish("FINISHED")

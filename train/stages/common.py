@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from train.config import ConfigError, ModelConfig, OptimConfig, PolicyConfig, RolloutConfig
 from train.policy.distributed import all_gather_objects, barrier
+from train.progress import write_progress
 from train.rollout.base import SamplingConfig
 from train.run_setup import (
     build_policy,
@@ -152,6 +153,8 @@ class StageTrainer:
             if self.rank == 0 and step % cfg.log_every == 0:
                 print(self.one_line(step, last), flush=True)
             self.tracker.log_metrics(last, step)
+            if self.rank == 0:
+                write_progress(self.run_dir, step, cfg.total_steps, last)
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
                 self.save(step)
         self.tracker.finish("FINISHED")
