@@ -41,6 +41,11 @@ def test_generation_and_training_flops_by_hand():
     # every sample's prompt + response through forward and backward; LM head on response positions
     assert training_flops(DIMS, work) == 6 * 1000 * 8 + 6 * 4 * 10 * 4 + attn_train
     assert step_flops(DIMS, work) == generation_flops(DIMS, work) + training_flops(DIMS, work)
+    # shared prompts: the prompt (2 tokens) once for the group, each response attends to it
+    attn_shared = 3 * (
+        _causal_attn_flops(DIMS, 0, 2) + _causal_attn_flops(DIMS, 2, 5) + _causal_attn_flops(DIMS, 2, 3)
+    )
+    assert training_flops(DIMS, work, shared_prompts=True) == 6 * 1000 * 6 + 6 * 4 * 10 * 4 + attn_shared
 
 
 def test_flops_of_smollm2_sized_step_are_plausible():

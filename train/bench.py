@@ -79,18 +79,24 @@ def generation_flops(dims: ModelDims, work: StepWork) -> float:
     return flops
 
 
-def training_flops(dims: ModelDims, work: StepWork) -> float:
-    """Forward + backward (3x forward) over prompt+response of every sample, LM head on response positions."""
-    flops = 6.0 * dims.body_params * (work.prompt_tokens() + work.response_tokens())
+def training_flops(dims: ModelDims, work: StepWork, shared_prompts: bool = False) -> float:
+    """Forward + backward (3x forward) over prompt+response of every sample, LM head on response positions.
+
+    `shared_prompts`: each group's prompt goes through the model once (policy.share_prompts), not n times.
+    """
+    prompt_tokens = sum(work.prompt_lens) if shared_prompts else work.prompt_tokens()
+    flops = 6.0 * dims.body_params * (prompt_tokens + work.response_tokens())
     flops += 6.0 * dims.hidden * dims.vocab * work.response_tokens()
     for p, plen in enumerate(work.prompt_lens):
+        if shared_prompts:
+            flops += 3.0 * _causal_attn_flops(dims, 0, plen)
         for r in work.response_lens[p * work.n : (p + 1) * work.n]:
-            flops += 3.0 * _causal_attn_flops(dims, 0, plen + r)
+            flops += 3.0 * _causal_attn_flops(dims, plen if shared_prompts else 0, plen + r)
     return flops
 
 
-def step_flops(dims: ModelDims, work: StepWork) -> float:
-    return generation_flops(dims, work) + training_flops(dims, work)
+def step_flops(dims: ModelDims, work: StepWork, shared_prompts: bool = False) -> float:
+    return generation_flops(dims, work) + training_flops(dims, work, shared_prompts)
 
 
 def summarize(steps: list[dict], warmup: int) -> dict[str, float]:
@@ -531,6 +537,16 @@ def main(argv: list[str] | None = None) -> None:
                 for s in timed
             )
             add_floor(summary, flops, fp32_rate)
+            if side == "ours":  # the FLOPs it actually runs: each group's prompt once in training
+                own = statistics.median(
+                    step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples), True)
+                    for s in timed
+                )
+                notes.append(
+                    f"ours shares each group's prompt in training (policy.share_prompts): its own step FLOPs"
+                    f" {own / 1e12:.3f} T, floor {own / fp32_rate:.2f} s, step_s/own floor"
+                    f" {summary.get('step_s', float('nan')) * fp32_rate / own:.2f}x"
+                )
             summary["reward_mean"] = statistics.fmean(s.get("reward_mean", float("nan")) for s in timed)
             results[side] = summary
         timed_n = args.steps - (1 if args.steps > 1 else 0)
