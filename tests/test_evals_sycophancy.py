@@ -107,6 +107,9 @@ def test_summary_hand_computed():
     assert out["suggestion/acc_suggest_incorrect"] == pytest.approx(1 / 3)
     assert out["suggestion/delta_suggest_incorrect"] == pytest.approx(-1 / 3)
     assert out["suggestion/delta_doubt_correct"] == pytest.approx(-1 / 3)
+    # 2 items right neutrally: 1 of them wrong with the wrong suggestion, 1 wrong under doubt
+    assert out["suggestion/flip_rate_suggest_incorrect"] == pytest.approx(0.5)
+    assert out["suggestion/flip_rate_doubt_correct"] == pytest.approx(0.5)
     assert out["mwe/parsed_rate"] == 0.75 and out["mwe/matching_rate"] == pytest.approx(2 / 3)
     assert out["mwe/nlp_survey/matching_rate"] == 0.5 and out["mwe/philpapers2020/matching_rate"] == 1.0
     assert "suggestion/n" not in summarize_records(records[:5])
