@@ -101,3 +101,55 @@ def test_slurm_profile_keys_are_checked(tmp_path, monkeypatch):
     profile = {"partition": "gpu", "mem_gb": 64, "timeout_min": 30, "tasks_per_node": 2, "account": None}
     params = executors.slurm_parameters(profile)
     assert params == {"partition": "gpu", "mem": "64G", "time": 30, "ntasks_per_node": 2}
+
+
+RAY_EXPERIMENT = """
+config:
+  experiment: tinyray
+  total_steps: 2
+  save_every: 0
+  model: {{path: {model}}}
+  data: {{prompts_per_step: 4, builtin_size: 16}}
+  rollout:
+    n: 2
+    max_new_tokens: 6
+    max_model_len: 256
+    engine:
+      _target_: train.rollout.ray_engine.RayEngine
+      num_engines: 2
+      num_cpus_per_engine: 1
+      engine: {{_target_: train.rollout.vllm_engine.VLLMEngine, kv_cache_gb: 1}}
+  reward:
+    _target_: train.launch.ray_reward.RayReward
+    num_workers: 2
+    num_cpus_per_worker: 0.5
+    reward: {{_target_: tests.test_sweep.SlowVowelReward}}
+sweep:
+  grid:
+    seed: [1]
+"""
+
+
+@pytest.mark.slow
+def test_two_task_slurm_job_trains_with_ray_engines_and_reward_workers_on_both_nodes(
+    slurm_cluster, tiny_model, tmp_path
+):
+    """CLUSTER=ray_local: task 0 starts a Ray head and the trainer, task 1 joins as a Ray node; the
+    rollout engines (vLLM) and the reward workers are Ray actors on both nodes, and the run finishes in
+    MLflow with every step. A real multi-node job runs the same job script with one task per node."""
+    env = sweep_env(tmp_path, tiny_model, name="tinyray")
+    (tmp_path / "exps" / "tinyray.yaml").write_text(RAY_EXPERIMENT.format(model=tiny_model))
+    run = sweep_cli(env, "tinyray", "--launcher", "slurm", "--cluster", "ray_local", timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    info = sweep_info(env, "tinyray")
+    (job,) = info["jobs"]
+    wait_for("the job done or failed", lambda: status_of(job["run_dir"])["state"] in ("done", "failed"),
+             timeout=900, poll=2)  # fmt: skip
+    logs = "\n".join(p.read_text() for p in Path(info["logs"]).glob("*_log.*"))
+    assert status_of(job["run_dir"])["state"] == "done", logs[-3000:]
+    assert "[ray] 2 rollout engine(s) on 2 node(s)" in logs, logs[-3000:]
+    assert "[ray] 2 reward worker(s) on 2 node(s)" in logs, logs[-3000:]
+    (child,) = children_of(env, info["mlflow_parent_run"])
+    assert child.info.status == "FINISHED"
+    assert metric_steps(env, child.info.run_id) == [1, 2]
+    assert child.data.metrics["timing/weight_sync_s"] > 0  # weights went to the actors after each update

@@ -11,6 +11,7 @@ and on Slurm (one task per node).
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -104,6 +105,37 @@ def wait_for_nodes(count: int, timeout: float = JOIN_TIMEOUT_S) -> None:
         time.sleep(0.5)
 
 
+def connect(address: str | None = None) -> None:
+    """Join the job's Ray cluster (`address`, else RAY_ADDRESS, else a new local Ray: never a stale
+    cluster some earlier process left in /tmp/ray; RAY_ADDRESS=auto joins a running one) once per process,
+    and inside a multi-node job wait until all its nodes have joined, so SPREAD actors land on every node."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False)
+    if os.environ.get("RLPOST_RAY_NODES"):
+        wait_for_nodes(int(os.environ["RLPOST_RAY_NODES"]))
+
+
+def _write_token(path: Path) -> None:
+    """A fresh token for this job's Ray cluster, readable by the job's user only."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.touch(mode=0o600)
+    tmp.write_text(secrets.token_hex(32))
+    tmp.replace(path)
+
+
+def _use_token(path: Path) -> None:
+    """Token auth with the job's own token for this process and its children (head, worker, trainer).
+
+    Ray 2.60 turns token auth on for a head whenever ~/.ray/auth_token exists, but `ray start --address`
+    and `ray.init(address=...)` do not, so they were rejected ("InvalidAuthToken"); a per-job token in the
+    rendezvous folder (a shared filesystem on a cluster) makes every node agree whatever ~ holds.
+    """
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+
+
 def ray_job(main: Callable[[], object], run_dir: Path, num_cpus: int | None = None) -> object:
     """Run `main` on task 0 of this multi-task job with a Ray cluster spanning all its tasks."""
     env = submitit.JobEnvironment()
@@ -111,8 +143,11 @@ def ray_job(main: Callable[[], object], run_dir: Path, num_cpus: int | None = No
     rendezvous = Path(run_dir) / "ray" / attempt
     rendezvous.mkdir(parents=True, exist_ok=True)
     head_file, done_file = rendezvous / "head_address", rendezvous / "done"
+    token_file = rendezvous / "auth_token"
     ip = node_ip()
     if env.global_rank == 0:
+        _write_token(token_file)
+        _use_token(token_file)
         head, address = start_head(ip, num_cpus)
         tmp = rendezvous / ".head_address.tmp"
         tmp.write_text(address)
@@ -129,6 +164,7 @@ def ray_job(main: Callable[[], object], run_dir: Path, num_cpus: int | None = No
         if time.time() > end:
             raise TimeoutError(f"no Ray head address in {head_file} after {JOIN_TIMEOUT_S:.0f} s")
         time.sleep(0.5)
+    _use_token(token_file)  # written before the head address was published
     worker = join(head_file.read_text().strip(), ip, num_cpus)
     try:
         while not done_file.is_file() and worker.poll() is None:

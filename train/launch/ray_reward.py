@@ -13,11 +13,11 @@ local Ray.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from hydra.utils import instantiate
 
+from train.launch.ray_cluster import connect
 from train.rewards.base import RewardFn, RewardResult
 
 
@@ -71,13 +71,13 @@ class RayReward:
     ) -> None:
         import ray
 
-        if not ray.is_initialized():
-            ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=False)
+        connect(address)
         remote = ray.remote(num_cpus=num_cpus_per_worker, scheduling_strategy="SPREAD")(_RewardWorker)
         # Hydra builds nested `_target_` dicts before calling us (recursive instantiate): then the
         # built reward is shipped to each actor; a plain dict (`_recursive_: false`) is built there.
         spec = dict(reward) if isinstance(reward, Mapping) else reward
         self.workers = [remote.remote(spec) for _ in range(num_workers)]
+        print(f"[ray] {num_workers} reward worker(s) on {len(set(self.node_ids()))} node(s)", flush=True)
 
     def node_ids(self) -> list[str]:
         """The Ray node each worker runs on (placement check)."""
