@@ -182,13 +182,17 @@ def matmul_flops_per_s(dtype_name: str, size: int, min_time_s: float = 1.0) -> f
     dtype = getattr(torch, dtype_name)
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     torch.mm(a, b)  # warm-up
-    reps, t0 = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b)
-        reps += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= min_time_s:
-            return 2.0 * size**3 * reps / elapsed
+    best = 0.0
+    for _trial in range(3):  # the best of 3: a brief stall from another process must not lower the floor
+        reps, t0 = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            reps += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_time_s:
+                best = max(best, 2.0 * size**3 * reps / elapsed)
+                break
+    return best
 
 
 def model_dims(model_path: str) -> ModelDims:
