@@ -36,7 +36,7 @@ lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 sweep: setup
-	$(PY) -m train.sweep $(EXP) --launcher $(LAUNCHER) $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(WAIT),--wait) $(OVERRIDES)
+	$(PY) -m train.sweep $(EXP) --launcher $(LAUNCHER) $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(WAIT),--wait) $(foreach g,$(GRID),--grid $(g)) $(OVERRIDES)
 
 sweep-status: setup
 	$(PY) -m train.sweep $(EXP) --status

@@ -125,6 +125,19 @@ def test_expand_grid_is_the_cartesian_product_in_file_order():
         expand_grid({"seed": []})
 
 
+def test_grid_overrides_replace_or_add_grid_keys():
+    from train.sweep import parse_grid_overrides, plan
+
+    assert parse_grid_overrides(["seed=1,2", "optim.lr=1e-6"]) == {"seed": [1, 2], "optim.lr": [1e-6]}
+    assert parse_grid_overrides(["reward.combine=quality"]) == {"reward.combine": ["quality"]}
+    with pytest.raises(ConfigError, match="bad grid override 'seed'"):
+        parse_grid_overrides(["seed"])
+    _, points = plan("darling_math", [], {"seed": [3]})  # the file's grid: combine x seed [1, 2]
+    assert [p for p, _ in points] == [{"reward.combine": "multiplicative", "seed": 3},
+                                      {"reward.combine": "quality", "seed": 3}]  # fmt: skip
+    assert [cfg.seed for _, cfg in points] == [3, 3]
+
+
 @pytest.mark.slow
 def test_two_point_sweep_runs_through_submitit_and_mlflow(tiny_model, tmp_path):
     import mlflow
@@ -232,6 +245,8 @@ def test_bad_sweep_input_submits_nothing(tmp_path):
         (["nope"], "unknown experiment 'nope'"),
         (["grpo_math", "optim.lr=abc"], "optim.lr"),
         (["grpo_math", "notakeyvalue"], "bad override 'notakeyvalue'"),
+        (["grpo_math", "--grid", "seed"], "bad grid override 'seed'"),
+        (["grpo_math", "--grid", "optim.lr=abc"], "optim.lr"),
         (
             ["grpo_math", "--launcher", "slurm", "--cluster", "nocluster"],
             "unknown cluster profile 'nocluster'",

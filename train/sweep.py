@@ -65,11 +65,31 @@ def git_state() -> dict[str, str]:
     }
 
 
-def plan(experiment: str, overrides: list[str]) -> tuple[DictConfig, list[tuple[dict, DictConfig]]]:
-    """Validate every point's config before anything is submitted."""
+def parse_grid_overrides(items: list[str]) -> dict[str, list]:
+    """`key=v1,v2` strings (values parsed as YAML) -> {key: [v1, v2]}; e.g. ["seed=1,2"] -> {"seed": [1, 2]}."""
+    out: dict[str, list] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise ConfigError(f"bad grid override {item!r}: expected key=value[,value...], e.g. seed=1,2")
+        out[key.strip()] = [_yaml_value(v) for v in values.split(",")]
+    return out
+
+
+def _yaml_value(text: str):
+    """A value as a `key=value` override would parse it (1e-6 is a float, as in OVERRIDES)."""
+    return OmegaConf.from_dotlist([f"v={text.strip()}"]).v
+
+
+def plan(
+    experiment: str, overrides: list[str], grid_overrides: dict[str, list] | None = None
+) -> tuple[DictConfig, list[tuple[dict, DictConfig]]]:
+    """Validate every point's config before anything is submitted. `grid_overrides` replace (or add)
+    grid keys: `make sweep EXP=x GRID="seed=1"` runs one seed of every other grid value."""
     exp = load_experiment(experiment)
     sweep = exp.get("sweep", {}) or {}
     grid = OmegaConf.to_container(sweep.get("grid", {}) or {}, resolve=True)
+    grid.update(grid_overrides or {})
     points = []
     staged = bool(exp.get("stages"))
     for point in expand_grid(grid):
@@ -90,10 +110,11 @@ def submit(
     cluster: str | None = None,
     overrides: list[str] | None = None,
     started: float | None = None,
+    grid_overrides: dict[str, list] | None = None,
 ) -> dict:
     """Validate all points, check the scheduler, then submit one job per point; returns sweep.json's content."""
     started = started or time.time()
-    exp, points = plan(experiment, overrides or [])
+    exp, points = plan(experiment, overrides or [], grid_overrides)
     sweep_id = f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     sweep_dir = outputs_root() / experiment / "sweeps" / sweep_id
     executor = make_executor(launcher, sweep_dir / "logs", cluster)
@@ -346,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         "--resume", action="store_true", help="resubmit the latest sweep's failed/dead points"
     )
     parser.add_argument("--poll", type=float, default=10.0, help="seconds between --wait updates")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                        help="replace (or add) a grid key's values, e.g. --grid seed=1")  # fmt: skip
     args = parser.parse_args(argv)
     if args.status:
         return print_status(args.experiment)
@@ -359,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             for job in info["resubmitted"]:
                 print(f"  job {job['job_id']} (was {job['past_job_ids'][-1]})  {json.dumps(job['point'])}")
         else:
-            info = submit(args.experiment, args.launcher, args.cluster, args.overrides, started=started)
+            grid = parse_grid_overrides(args.grid)
+            info = submit(args.experiment, args.launcher, args.cluster, args.overrides, started, grid)
             rate = len(info["jobs"]) / max(info["submit_s"], 1e-9) * 60
             print(
                 f"sweep {info['sweep_id']}: {len(info['jobs'])} job(s) via {info['launcher']}"
