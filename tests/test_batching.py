@@ -46,29 +46,35 @@ def test_prompt_units_group_rows_by_prompt_and_split_to_the_budget():
     prompts = [[1, 2], [1, 2], [3], [1, 2]]
     responses = [[5, 5, 5], [6], [7], [8, 8]]
     assert prompt_units(prompts, responses, token_budget=100) == [[0, 1, 3], [2]]
-    # prompt 2 tokens + responses padded to 3: (8 - 2) // 3 = 2 responses per unit
-    assert prompt_units(prompts, responses, token_budget=8) == [[0, 1], [3], [2]]
+    # prompt 2 + 3 + 1 = 6 fits 6; adding the third response (2 more) would not
+    assert prompt_units(prompts, responses, token_budget=6) == [[0, 1], [3], [2]]
 
 
 def test_collate_shared_layout_hand_checked():
     from train.policy.batching import collate_shared
 
-    mb = collate_shared([[1, 2], [1, 2]], [[7], [8, 9]], [[0, 1]], pad_id=0)
-    # P=2, R=2, two response slots at columns 2 and 4; segments [0, 0, 1, pad, 2, 2]
-    assert mb.input_ids.tolist() == [[1, 2, 7, 0, 8, 9]]
-    assert mb.position_ids.tolist() == [[0, 1, 2, 0, 2, 3]]  # both responses continue the prompt at 2
-    assert mb.keep.tolist() == [1, 2, 4]  # P-1 predicts each first token; 2 -> slot 0 t=1, 4 -> slot 1 t=1
-    assert mb.gather_unit.tolist() == [[0, 0], [0, 0]] and mb.gather_col.tolist() == [[0, 1], [0, 2]]
-    assert mb.response_ids.tolist() == [[7, 0], [8, 9]] and mb.response_mask.tolist() == [[1, 0], [1, 1]]
+    mb = collate_shared([[1, 2], [1, 2], [4]], [[7], [8, 9], [5]], [[0, 1], [2]], pad_id=0)
+    # unit 0: prompt [1, 2] then responses [7] and [8, 9] back to back; unit 1: [4] left-padded, [5]
+    assert mb.input_ids.tolist() == [[1, 2, 7, 8, 9], [0, 4, 5, 0, 0]]
+    assert mb.position_ids.tolist() == [
+        [0, 1, 2, 2, 3],
+        [0, 0, 1, 0, 0],
+    ]  # responses restart after the prompt
+    assert mb.keep.tolist() == [1, 2, 3]  # columns P-1 .. T-2 as in the plain layout
+    # response [8, 9]: token 0 predicted at P-1 (column 0), token 1 at position 3 (column 2)
+    assert mb.gather_unit.tolist() == [[0, 0], [0, 0], [1, 1]]
+    assert mb.gather_col[1].tolist() == [0, 2] and mb.gather_col[0, 0] == 0 and mb.gather_col[2, 0] == 0
+    assert mb.response_ids.tolist() == [[7, 0], [8, 9], [5, 0]]
+    assert mb.response_mask.tolist() == [[1, 0], [1, 1], [1, 0]]
     assert mb.attention_mask.int()[0, 0].tolist() == [
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0],  # response 0 sees the prompt and itself
-        [0, 0, 0, 1, 0, 0],  # a padding query sees only itself (no all-masked row)
-        [1, 1, 0, 0, 1, 0],  # response 1 does not see response 0
-        [1, 1, 0, 0, 1, 1],
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],  # response 0 sees the prompt and itself
+        [1, 1, 0, 1, 0],  # response 1 does not see response 0
+        [1, 1, 0, 1, 1],
     ]
-    assert mb.num_tokens == 5 and mb.rows.tolist() == [0, 1]
+    assert mb.attention_mask.int()[1, 0].tolist()[3] == [0, 0, 0, 1, 0]  # padding sees itself only
+    assert mb.num_tokens == 7 and mb.rows.tolist() == [0, 1, 2]
 
 
 def test_shared_prompt_layout_gives_the_plain_layouts_log_probs_and_gradients(tiny_model, dist_group):
