@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=10.0, help="seconds between --wait updates")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                         help="replace (or add) a grid key's values, e.g. --grid seed=1")  # fmt: skip
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow --grid options
     if args.status:
         return print_status(args.experiment)
     try:
