@@ -247,7 +247,10 @@ def test_bad_sweep_input_submits_nothing(tmp_path):
         (["grpo_math", "notakeyvalue"], "bad override 'notakeyvalue'"),
         (["grpo_math", "--grid", "seed"], "bad grid override 'seed'"),
         (["grpo_math", "--grid", "optim.lr=abc"], "optim.lr"),
-        (["grpo_math", "--grid", "seed=1", "optim.lr=abc"], "optim.lr"),  # overrides after --grid (Makefile order)
+        (
+            ["grpo_math", "--grid", "seed=1", "optim.lr=abc"],
+            "optim.lr",
+        ),  # overrides after --grid (Makefile order)
         (
             ["grpo_math", "--launcher", "slurm", "--cluster", "nocluster"],
             "unknown cluster profile 'nocluster'",
