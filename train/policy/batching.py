@@ -28,9 +28,9 @@ class MicroBatch:
     response_ids: torch.Tensor  # (b, R)
     response_mask: torch.Tensor  # (b, R) float
     prompt_width: int  # P
-    # shared-prompt layout only: input_ids etc. are (U units, T); the logit columns to compute, and
-    # for response row k, token t the unit and the column (into `keep`) whose logits predict it
-    keep: torch.Tensor | None = None  # (K,)
+    keep: torch.Tensor | None = None  # (K,) the columns whose logits the loss needs (LM head runs there)
+    # shared-prompt layout only: input_ids etc. are (U units, T); for response row k, token t the unit
+    # and the column (into `keep`) whose logits predict it
     gather_unit: torch.Tensor | None = None  # (b, R)
     gather_col: torch.Tensor | None = None  # (b, R)
     input_valid: torch.Tensor | None = None  # (U, T) real tokens
@@ -93,6 +93,7 @@ def collate(
         response_ids=response,
         response_mask=response_mask,
         prompt_width=P,
+        keep=torch.arange(P - 1, P + R - 1),
     )
 
 

@@ -96,13 +96,11 @@ class Policy:
     def _forward(
         self, mb: MicroBatch, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        R = mb.response_ids.shape[1]
-        keep = mb.keep if mb.keep is not None else torch.arange(mb.prompt_width - 1, mb.prompt_width + R - 1)
         out = self.model(
             input_ids=mb.input_ids,
             attention_mask=mb.attention_mask,
             position_ids=mb.position_ids,
-            logits_to_keep=keep,
+            logits_to_keep=mb.keep,
             use_cache=False,
         )
         logits = out.logits  # (b, R, V): bf16 under bf16 precision, never copied whole to fp32
