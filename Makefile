@@ -12,11 +12,14 @@ WAIT ?=
 EXTRA ?= cpu
 
 STAMP := $(VENV)/.installed-$(EXTRA)
+# the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
+MIN_FREE_GB ?= 10
 
 .PHONY: setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge bench-submit bench-sft pipeline slurm-up slurm-down ui clean lint model leaderboard report
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
+	@free_gb=$$(df -Pk . | awk 'NR==2{print int($$4/1048576)}'); [ "$$free_gb" -ge $(MIN_FREE_GB) ] || { echo "error: only $${free_gb} GB free on $$(df -P . | awk 'NR==2{print $$6}'); installing .venv and running the tests needs $(MIN_FREE_GB) GB: free space (old outputs/ checkpoints, /tmp/pytest-of-$$(id -un)) or set MIN_FREE_GB"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[$(EXTRA),dev]"
