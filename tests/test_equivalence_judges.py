@@ -12,8 +12,8 @@ from tests.judge_servers import free_port, vllm_server
 from train.diversity import bench, calibrate
 from train.diversity.classifier_checkpoint import build_pair_classifier
 from train.diversity.judges import (
-    AnswerAwareJudge,
     EMBEDDING_THRESHOLD,
+    AnswerAwareJudge,
     EmbeddingJudge,
     JudgeError,
     PairClassifierJudge,
@@ -58,7 +58,10 @@ def test_answer_aware_judge_separates_changed_numbers_that_text_judges_merge():
         "Sam has 15 apples and gives away 6, so 15 - 6 = 9 apples are left. The answer is 9.",
         "Sam has 15 apples and gives away 6, so 15 - 6 = 11 apples are left. The answer is 11.",
     )
-    same_answer = ("Fifteen minus six: the answer is 9.", "Count down six times from 15 and you reach \\boxed{9}.")
+    same_answer = (
+        "Fifteen minus six: the answer is 9.",
+        "Count down six times from 15 and you reach \\boxed{9}.",
+    )
     fraction = ("The answer is $\\frac{1}{2}$.", "That leaves 0.5 in all; the answer is 0.5.")
     one_missing = ("I think the answer is 9.", "I am not sure how to do this.")
     none = ("I do not know.", "No idea, sorry.")
