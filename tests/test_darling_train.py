@@ -25,7 +25,11 @@ def test_experiments_build_with_and_without_paper_preset(experiment):
         assert cfg.reward._target_ == "train.rewards.darling_reward.DarlingReward"
         assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo is False
     assert cpu.model.path == "default" and cpu.policy.precision == "fp32"
-    assert cpu.reward.judge._target_ == "train.diversity.judges.EmbeddingJudge"
+    if experiment == "darling_math":  # different final answers are never equivalent, the rest go to MiniLM
+        assert cpu.reward.judge._target_ == "train.diversity.judges.AnswerAwareJudge"
+        assert cpu.reward.judge.judge._target_ == "train.diversity.judges.EmbeddingJudge"
+    else:
+        assert cpu.reward.judge._target_ == "train.diversity.judges.EmbeddingJudge"
     assert paper.reward.judge._target_ == "train.diversity.judges.VLLMClassifyJudge"
     assert paper.rollout.n == 8 and paper.rollout.temperature == 1.0
     if experiment == "darling_math":  # Qwen3-4B-Base, 256 x 8, 8192 tokens, lr 1e-6, 4 updates, no KL
@@ -43,6 +47,21 @@ def test_experiments_build_with_and_without_paper_preset(experiment):
         assert paper.algorithm.kl_loss_coef == pytest.approx(0.001)
         assert paper.reward.judge.threshold == pytest.approx(0.32) and "Llama-3.1-8B" in paper.model.path
         assert paper.reward.quality._target_ == "train.rewards.scorers.RewardModelScorer"
+
+
+def test_darling_math_reward_builds_its_judge_and_separates_math_answers():
+    from hydra.utils import instantiate
+
+    from train.diversity.judges import AnswerAwareJudge, EmbeddingJudge
+
+    reward = instantiate(build_config("darling_math").reward, _recursive_=False)
+    assert isinstance(reward.judge, AnswerAwareJudge) and isinstance(reward.judge.judge, EmbeddingJudge)
+    near_copies = [
+        "Tom has 3 bags of 4 apples, so 3 x 4 = 12 apples in all. The answer is 12.",
+        "Tom has 3 bags of 4 apples, so 3 x 4 = 14 apples in all. The answer is 14.",
+    ]
+    assert reward.judge.equivalent([tuple(near_copies)]) == [False]
+    assert reward.judge.judge.equivalent([tuple(near_copies)]) == [True]  # what MiniLM alone says
 
 
 def test_darling_math_sweep_is_darling_vs_baseline_on_the_same_seeds():
