@@ -35,6 +35,7 @@ from evals.common.suite import EvalContext
 REWARD_THRESHOLDS: tuple[float, ...] = (
     -7.71875, -6.28125, -6.0, -5.71875, -5.5, -5.0, -4.375, -3.4375, -2.046875,
 )  # fmt: skip
+BUILTIN_EVAL_SIZE = 200  # held-out prompts taken from a builtin: dataset
 PATIENCE = 0.8
 DEFAULT_JUDGE = {"_target_": "train.diversity.judges.EmbeddingJudge"}
 
@@ -165,7 +166,10 @@ class NoveltySuite:
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("novelty")
         g.add_argument(
-            "--data", required=True, help="NoveltyBench JSONL (curated.jsonl or wildchat-1k.jsonl)"
+            "--data",
+            required=True,
+            help="NoveltyBench JSONL (curated.jsonl or wildchat-1k.jsonl), or builtin:arithmetic / "
+            "builtin:open_prompts: the embedded held-out (test split) prompts, 200 of them",
         )
         g.add_argument("--k", type=int, default=10, help="samples per prompt (default: %(default)s)")
         g.add_argument("--temperature", type=float, default=1.0)
@@ -192,11 +196,16 @@ class NoveltySuite:
     def load_items(self, args: argparse.Namespace) -> list[dict]:
         from data_prep.chat_jsonl import load_chat_jsonl
         from data_prep.schema import extra_info_of
+        from train.data import BUILTIN_PREFIX, load_rows
 
         parse_component(args.judge, "judge")  # fail before any generation
         parse_component(args.quality, "quality")
         items = []
-        for row in load_chat_jsonl(args.data, source="novelty"):
+        if args.data.startswith(BUILTIN_PREFIX):  # the training task's held-out prompts (seed 0)
+            rows = load_rows(args.data, BUILTIN_EVAL_SIZE, seed=0, split="test")
+        else:
+            rows = load_chat_jsonl(args.data, source="novelty")
+        for row in rows:
             info = extra_info_of(row)
             items.append({"id": str(info["id"]), "category": info.get("category"), "prompt": row["prompt"]})
         return items

@@ -117,6 +117,20 @@ def test_load_items_reads_curated_with_categories(shared_dir):
     assert len(items) == 1000 and items[0]["category"] is None
 
 
+def test_load_items_takes_the_held_out_split_of_a_builtin_task():
+    from data_prep.arithmetic import generate
+
+    args = argparse.Namespace(
+        data="builtin:arithmetic", judge="train.diversity.judges.AnswerAwareJudge", quality=None
+    )
+    items = SUITE.load_items(args)
+    assert len(items) == 200 and all(it["id"].startswith("arithmetic-test-0-") for it in items)
+    assert [it["prompt"] for it in items] == [row["prompt"] for row in generate(200, seed=0, split="test")]
+    args.data = "builtin:nope"
+    with pytest.raises(ValueError, match="unknown builtin dataset"):
+        SUITE.load_items(args)
+
+
 def test_bad_input_is_a_one_line_error(tmp_path, tiny_model):
     from evals.novelty import main
 
