@@ -3,6 +3,7 @@ vLLM engine, MLflow logging at the checkpoint's step, and generation through a r
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -173,6 +174,20 @@ class EchoSuite:
         return {"chars": sum(len(r["text"]) for r in records) / len(records), "n": float(len(records))}
 
 
+def test_item_fingerprint_covers_item_content_and_the_suites_own_options():
+    from evals.common.cli import item_fingerprint, result_settings
+
+    args = argparse.Namespace(tokens=6, seed=0, ckpt="a", results_dir="r", batch_size=2, limit=None)
+    settings = result_settings(EchoSuite(), args)
+    assert settings == {"seed": 0, "tokens": 6}  # not where results go or how they are batched
+    item = {"id": "q0", "q": "Count to 3."}
+    fp = item_fingerprint(item, settings)
+    assert fp == item_fingerprint(dict(item), {"tokens": 6, "seed": 0})
+    assert fp != item_fingerprint({**item, "q": "Count to 4."}, settings)
+    assert fp != item_fingerprint(item, {**settings, "tokens": 7})
+    assert fp != item_fingerprint(item, {**settings, "seed": 1})
+
+
 @pytest.fixture()
 def generator(vllm_engine, tiny_model):
     gen = VLLMGenerator(engine=vllm_engine)
@@ -227,6 +242,14 @@ def test_cli_sweep_swaps_weights_logs_at_step_and_resumes(make_checkpoint, mlflo
         EchoSuite(), ["--ckpt", str(a2), "--results-dir", str(crash), "--limit", "3"], generator=generator
     )
     assert s["n_new"] == 0 and s["metrics"]["n"] == 3.0
+    # Under the same ids, other options or other item contents are not reused: those items are redone.
+    short = ["--ckpt", str(a2), "--results-dir", str(crash), "--tokens", "2"]
+    (s,) = main(EchoSuite(), short, generator=generator)
+    assert s["n_new"] == 4 and s["metrics"]["chars"] < summary["metrics"]["chars"]
+    changed = EchoSuite()
+    changed.load_items = lambda args: [{"id": "q0", "q": "Say hi."}, *EchoSuite().load_items(args)[1:]]
+    (s,) = main(changed, short, generator=generator)
+    assert s["n_new"] == 1 and changed.batches == 1
 
 
 @pytest.mark.slow

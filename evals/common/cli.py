@@ -9,6 +9,8 @@ batch's records to samples.jsonl, skipping items already there), summarise, writ
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 from evals.common.checkpoints import CheckpointNotFound, CheckpointRef, resolve
 from evals.common.generation import GenerationError, ServerGenerator, VLLMGenerator
 from evals.common.mlflow_log import log_eval_metrics
-from evals.common.results import ResultsStore
+from evals.common.results import FINGERPRINT_KEY, ResultsStore
 from evals.common.suite import EvalContext, Suite
 from train.models import PROJECT_ROOT
 
@@ -80,6 +82,24 @@ def _check_items(items: list[dict], suite: str) -> list[str]:
     return ids
 
 
+def result_settings(suite: Suite, args: argparse.Namespace) -> dict:
+    """The options that change a suite's results: its own options and the sampling seed."""
+    own = argparse.ArgumentParser(add_help=False)
+    suite.add_args(own)
+    keys = {a.dest for a in own._actions} | {"seed"}
+    return {k: getattr(args, k, None) for k in sorted(keys)}
+
+
+def item_fingerprint(item: dict, settings: dict) -> str:
+    """Hash of an item's content and the result settings: a stored record is reused only on a match.
+
+    Item ids alone are not enough: `--qa-n 200` builds other problems under the ids `--qa-n 100` used,
+    and a new `--max-tokens` must not reuse replies cut at the old length.
+    """
+    text = json.dumps([item, settings], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def run_suite(
     suite: Suite,
     args: argparse.Namespace,
@@ -96,7 +116,9 @@ def run_suite(
         items = items[: args.limit]
     ids = _check_items(items, suite.name)
     store = ResultsStore(args.results_dir, checkpoint.name, suite.name)
-    todo = [item for item, i in zip(items, ids) if i not in store.done_ids]
+    settings = result_settings(suite, args)
+    fingerprints = {i: item_fingerprint(item, settings) for item, i in zip(items, ids)}
+    todo = [item for item, i in zip(items, ids) if store.fingerprint(i) != fingerprints[i]]
     started = time.time()
     if todo:
         generator.load(checkpoint.path)
@@ -116,6 +138,8 @@ def run_suite(
         got = {str(r.get("id")) for r in records}
         if got != want:
             raise EvalError(f"suite {suite.name}: run_batch returned records for {sorted(got ^ want)[:3]}...")
+        for r in records:
+            r[FINGERPRINT_KEY] = fingerprints[str(r["id"])]
         store.append(records)
         bar.update(len(batch))
     bar.close()

@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+FINGERPRINT_KEY = "item_fingerprint"  # hash of the item and the options it was run with (evals.common.cli)
+
 
 class ResultsStore:
     """`<root>/<checkpoint name>/<suite>/{samples.jsonl, summary.json}`."""
@@ -43,6 +45,11 @@ class ResultsStore:
     @property
     def done_ids(self) -> set[str]:
         return set(self._records)
+
+    def fingerprint(self, item_id: str) -> str | None:
+        """The stored record's item fingerprint (None: no record, or one written before fingerprints)."""
+        record = self._records.get(item_id)
+        return None if record is None else record.get(FINGERPRINT_KEY)
 
     def records(self, ids: list[str] | None = None) -> list[dict]:
         """Records in `ids` order (those present), or all records."""
