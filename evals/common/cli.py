@@ -2,8 +2,8 @@
 
 For each checkpoint `--ckpt` names: load it into the generator (one engine for all of them: weights are
 swapped in memory when the architecture matches), run the suite's items in batches (appending each
-batch's records to samples.jsonl, skipping items already there), summarise, write summary.json and log
-`eval/<suite>/<metric>` to the checkpoint's MLflow run at its step.
+batch's records to samples.jsonl, skipping items already there with the same content and suite options),
+summarise, write summary.json and log `eval/<suite>/<metric>` to the checkpoint's MLflow run at its step.
 """
 
 from __future__ import annotations
