@@ -315,7 +315,7 @@ class AnswerAwareJudge(ThresholdJudge):
     MISMATCH = -1.0  # below every judge's threshold (cosine >= -1, probabilities >= 0)
 
     def __init__(self, judge: Any = None, timeout_s: float = 3.0) -> None:
-        if isinstance(judge, dict) or (judge is not None and not hasattr(judge, "probabilities")):
+        if judge is not None and not hasattr(judge, "probabilities"):  # a `_target_` config, not yet built
             from hydra.utils import instantiate
 
             judge = instantiate(judge)
@@ -326,13 +326,11 @@ class AnswerAwareJudge(ThresholdJudge):
     def probabilities(self, pairs: list[tuple[str, str]]) -> list[float]:
         from train.rewards.math_grader import equivalent_answers, extract_answer
 
-        answers = [(extract_answer(a), extract_answer(b)) for a, b in pairs]
+        answer = {t: extract_answer(t) for t in {t for pair in pairs for t in pair}}  # once per response
+        answers = [(answer[a], answer[b]) for a, b in pairs]
         both = [k for k, (x, y) in enumerate(answers) if x is not None and y is not None]
         same = dict(zip(both, equivalent_answers([answers[k] for k in both], self.timeout_s)))
         alike = [same.get(k, x is None and y is None) for k, (x, y) in enumerate(answers)]
         inner = [pairs[k] for k, ok in enumerate(alike) if ok]
-        if self.judge is None:
-            inner_scores = iter([1.0] * len(inner))
-        else:
-            inner_scores = iter(self.judge.probabilities(inner) if inner else [])
-        return [next(inner_scores) if ok else self.MISMATCH for ok in alike]
+        scores = iter(self.judge.probabilities(inner) if self.judge and inner else [1.0] * len(inner))
+        return [next(scores) if ok else self.MISMATCH for ok in alike]
