@@ -35,6 +35,7 @@ from train.policy.fsdp import Policy
 from train.progress import write_progress
 from train.rewards.base import RewardResult
 from train.rollout.base import Rollout, SamplingConfig
+from train.rollout.vllm_engine import engine_device_kwargs
 from train.run_setup import (
     build_policy,
     open_run,
@@ -71,15 +72,15 @@ def make_actor_loss_fn(algo, adv, mask, old_lp, ref_lp, scale_factor: float, wor
     local_tokens = max(float(mask.sum()), 1.0)
 
     def loss_fn(mb, log_probs, entropy):
-        R, rows = log_probs.shape[1], mb.rows
+        R, rows, dev = log_probs.shape[1], mb.rows, log_probs.device  # rows index these CPU tensors
         loss, metrics = actor_loss(
-            old_lp[rows, :R] if old_lp is not None else log_probs.detach(),
+            old_lp[rows, :R].to(dev) if old_lp is not None else log_probs.detach(),
             log_probs,
-            adv[rows, :R],
+            adv[rows, :R].to(dev),
             mb.response_mask,
             entropy=entropy,
             entropy_coeff=algo.entropy_coeff,
-            ref_log_prob=None if ref_lp is None else ref_lp[rows, :R],
+            ref_log_prob=None if ref_lp is None else ref_lp[rows, :R].to(dev),
             use_kl_loss=algo.use_kl_loss,
             kl_loss_coef=algo.kl_loss_coef,
             kl_loss_type=algo.kl_loss_type,
@@ -126,7 +127,7 @@ class Trainer:
         if algo.use_kl_loss or algo.use_kl_in_reward:
             self.ref = Policy(
                 self.model_path,
-                precision=pol.precision,
+                precision=self.policy.precision,  # auto is resolved once, by the trained policy
                 trainable=False,
                 micro_batch_tokens=pol.micro_batch_tokens,
                 share_prompts=pol.share_prompts,
@@ -137,10 +138,9 @@ class Trainer:
         self.classmate = algo.adv_estimator in CLASSMATE_ESTIMATORS  # token-level: CoT tokens differ
         self.estimator = None if self.classmate else get_advantage_estimator(algo.adv_estimator)
         self.reward_fn = instantiate(OmegaConf.to_container(cfg.reward, resolve=True))
+        self._print(self.policy.precision_choice.describe())
         engine_dtype = (
-            cfg.rollout.dtype
-            if cfg.rollout.dtype != "auto"
-            else ("bfloat16" if pol.precision == "bf16" else "float32")
+            cfg.rollout.dtype if cfg.rollout.dtype != "auto" else self.policy.precision_choice.engine_dtype
         )
         self.owns_engine = engine is None
         if engine is None:
@@ -152,12 +152,14 @@ class Trainer:
                 dtype=engine_dtype,
                 max_model_len=cfg.rollout.max_model_len,
                 seed=cfg.seed,
+                **engine_device_kwargs(cfg.rollout),
             )
         else:  # a shared engine may hold other weights: start it from this policy's
             engine.update_weights(self.policy.full_weights())
         self.engine = engine
 
         self.tracker, self.run_id = start_tracking(cfg, self.run_dir, self.state, self.rank)
+        self.tracker.log_params(self.policy.precision_choice.as_params())
 
     # ------------------------------------------------------------------------------------------
     def _print(self, msg: str) -> None:
@@ -245,7 +247,8 @@ class Trainer:
             advantages = self._classmate_advantages(rollout, reward, scores, group_index, mask)
         else:
             advantages = self.estimator(scores, group_index, mask, **adv_kwargs)
-        # ---- policy update(s) ----
+        # ---- policy update(s), with the rollout engine's GPU memory released ----
+        self.engine.sleep()
         update_metrics = self._update(rollout, advantages, mask, old_lp, ref_lp)
         t3 = time.perf_counter()
         # ---- weight sync into the rollout engine ----

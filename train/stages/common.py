@@ -70,7 +70,7 @@ def validate_run_config(cfg: DictConfig, batch_size: int) -> None:
         (batch_size % cfg.world_size == 0, "data.batch_size must be divisible by world_size"),
         (cfg.optim.lr > 0, "optim.lr must be > 0"),
         (cfg.optim.schedule in ("constant", "cosine"), "optim.schedule must be constant or cosine"),
-        (cfg.policy.precision in ("fp32", "bf16"), "policy.precision must be fp32 or bf16"),
+        (cfg.policy.precision in ("auto", "fp32", "bf16"), "policy.precision must be auto, fp32 or bf16"),
         (cfg.val_every >= 0, "val_every must be >= 0"),
     ]
     for ok, message in checks:
@@ -191,11 +191,7 @@ class StageTrainer:
 
         if self.engine is None:
             r = self.cfg.rollout
-            dtype = (
-                r.dtype
-                if r.dtype != "auto"
-                else ("bfloat16" if self.cfg.policy.precision == "bf16" else "float32")
-            )
+            dtype = r.dtype if r.dtype != "auto" else self.policy.precision_choice.engine_dtype
             self.engine = instantiate(
                 OmegaConf.to_container(r.engine, resolve=True),
                 model_path=str(self.weights),
