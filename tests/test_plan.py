@@ -43,8 +43,8 @@ def test_memory_components_by_hand():
 
 
 def test_refuses_what_cannot_fit_and_names_the_fix():
-    w = _workload(micro_batch_tokens=10**8, gpu_memory_utilization=0.1)  # activations ~27 GiB
-    bad = problems(TINY, w, memory(TINY, w, 4.0), 4.0)
+    w = _workload(micro_batch_tokens=10**9, gpu_memory_utilization=0.1)  # activations ~270 GiB
+    bad = problems(TINY, w, memory(TINY, w, 40.0), 40.0)
     assert len(bad) == 1 and bad[0].startswith("update needs")
     assert "policy.gradient_checkpointing=true" in bad[0] and "policy.micro_batch_tokens<=" in bad[0]
     greedy = _workload(gpu_memory_utilization=0.9)  # 0.9 x 4 GiB + the CUDA context > 4 GiB
