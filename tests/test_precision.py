@@ -34,7 +34,9 @@ def test_auto_measures_once_per_machine_and_reuses_the_measurement(fresh_cache):
     kept = json.loads(P._cache_file("cpu").read_text())
     assert kept["fp32_flops"] > 0 and kept["bf16_flops"] > 0
     assert choice.precision == P.choose(kept["fp32_flops"], kept["bf16_flops"])
-    assert "GFLOP/s" in choice.describe() and choice.as_params()["policy.precision_resolved"] == choice.precision
+    assert (
+        "GFLOP/s" in choice.describe() and choice.as_params()["policy.precision_resolved"] == choice.precision
+    )
     # a later run on the same machine decides from the kept rates, whatever the load is now
     P._measure.cache_clear()
     P._cache_file("cpu").write_text(json.dumps({"fp32_flops": 1e9, "bf16_flops": 5e9}))
