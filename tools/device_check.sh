@@ -3,6 +3,8 @@
 #   tools/device_check.sh random  # stage 1: wheels installed, a random-init SmolLM2-135M (real config) trained
 #   tools/device_check.sh real    # stage 2: the embedded GGUF joined from two pieces, converted, trained
 # Run from an unpacked copy of the project; wheels in $WHL, carried files in $CARRY; results go to $OUT.
+# Status: written for issue 14's GPU check, whose task was lent no GPU in the end: it has not run on a GPU yet
+# (tools/gpu_check.py and tools/dcp_check.py, which it calls, ran on the CPU).
 set -euo pipefail
 stage=$1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RLPOST_CACHE=/root/rlpost-cache TOKENIZERS_PARALLELISM=false
