@@ -125,8 +125,11 @@ def tp_groups(world_size: int, tp: int) -> list[list[int]]:
 
 
 def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs on the vLLM worker (in this process): copy one bucket into the model (GPU path)."""
-    worker.model_runner.model.load_weights(weights=weights)
+    """Runs on the vLLM worker (in this process): copy one bucket into the model (GPU path).
+
+    `get_model()` unwraps the CUDA-graph wrapper; the graphs keep pointing at the same parameter storage,
+    so they replay with the new values (TRL's colocate mode loads weights the same way)."""
+    worker.model_runner.get_model().load_weights(weights=weights)
 
 
 def _retie_lm_head(worker) -> None:
