@@ -175,24 +175,19 @@ def add_floor(summary: dict[str, float], flops: float, flops_per_s: float) -> No
 
 
 # ---- measurements ------------------------------------------------------------------------------
-def matmul_flops_per_s(dtype_name: str, size: int, min_time_s: float = 1.0) -> float:
-    """Sustained square-matmul rate (FLOP/s) of torch on this CPU with the current thread count."""
+def matmul_rates(trials: int = 5) -> tuple[float, float]:
+    """(fp32, bf16) FLOP/s: the best of alternating trials, so a load spike from another process hits
+    both precisions alike instead of deciding which one looks faster."""
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    torch.mm(a, b)  # warm-up
-    best = 0.0
-    for _trial in range(3):  # the best of 3: a brief stall from another process must not lower the floor
-        reps, t0 = 0, time.perf_counter()
-        while True:
-            torch.mm(a, b)
-            reps += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= min_time_s:
-                best = max(best, 2.0 * size**3 * reps / elapsed)
-                break
-    return best
+    from train.policy.precision import matmul_flops_per_s as rate
+
+    cpu = torch.device("cpu")
+    fp32 = bf16 = 0.0
+    for _ in range(trials):
+        fp32 = max(fp32, rate(torch.float32, cpu, 1024, 0.3))
+        bf16 = max(bf16, rate(torch.bfloat16, cpu, 512, 0.3))  # 512: the AVX2 fallback is ~100x slower
+    return fp32, bf16
 
 
 def model_dims(model_path: str) -> ModelDims:
@@ -502,8 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         args.model = str(resolve_model_path(args.model))
 
     print(f"[bench] {_other_load()}; {os.cpu_count()} CPUs, {args.threads} threads per side", flush=True)
-    fp32_rate = matmul_flops_per_s("float32", 1024)
-    bf16_rate = matmul_flops_per_s("bfloat16", 512, min_time_s=0.5)
+    fp32_rate, bf16_rate = matmul_rates()
     capability = torch.backends.cpu.get_cpu_capability()
     accelerated = bf16_rate >= 0.5 * fp32_rate
     rates = (
