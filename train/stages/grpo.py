@@ -56,20 +56,20 @@ def make_actor_loss_fn(algo, adv, mask, old_lp, ref_lp, scale_factor: float, wor
     local_tokens = max(float(mask.sum()), 1.0)
 
     def loss_fn(mb, log_probs, entropy):
-        R, rows = log_probs.shape[1], mb.rows
+        R, rows, dev = log_probs.shape[1], mb.rows, log_probs.device  # rows index these CPU tensors
 
         def pg_loss_fn(old, new, a, m):
             return pg_entry.fn(old, new, a, m, algo, {"entropy": entropy})
 
         loss, metrics = actor_loss(
-            old_lp[rows, :R] if old_lp is not None else log_probs.detach(),
+            old_lp[rows, :R].to(dev) if old_lp is not None else log_probs.detach(),
             log_probs,
-            adv[rows, :R],
+            adv[rows, :R].to(dev),
             mb.response_mask,
             pg_loss_fn=pg_loss_fn,
             entropy=entropy,
             entropy_coeff=algo.entropy_coeff,
-            ref_log_prob=None if ref_lp is None else ref_lp[rows, :R],
+            ref_log_prob=None if ref_lp is None else ref_lp[rows, :R].to(dev),
             use_kl_loss=algo.use_kl_loss,
             kl_loss_coef=algo.kl_loss_coef,
             kl_loss_type=algo.kl_loss_type,
@@ -112,7 +112,7 @@ class GRPOTrainer(TrainingLoop):
         if algo.use_kl_loss or algo.use_kl_in_reward:
             self.ref = Policy(
                 self.model_path,
-                precision=pol.precision,
+                precision=self.policy.precision,  # auto is resolved once, by the trained policy
                 trainable=False,
                 micro_batch_tokens=pol.micro_batch_tokens,
                 share_prompts=pol.share_prompts,
@@ -120,7 +120,7 @@ class GRPOTrainer(TrainingLoop):
             )
         self.reward_fn = instantiate(OmegaConf.to_container(cfg.reward, resolve=True))
         if self.engine is None:
-            self.engine = build_engine(cfg, self.weights)
+            self.engine = build_engine(cfg, self.weights, self.policy.precision)
         else:  # a shared engine may hold other weights: start it from this policy's
             self.engine.update_weights(self.policy.full_weights())
 
@@ -193,7 +193,8 @@ class GRPOTrainer(TrainingLoop):
         self._provide(ctx, mine, rows, rollout, reward)
         estimated = registry.as_output(self.estimator.fn(algo, ctx))
         advantages = estimated.advantages
-        # ---- policy update(s) ----
+        # ---- policy update(s), with the rollout engine's GPU memory released ----
+        self.engine.sleep()
         update_metrics = self._update(rollout, advantages, mask, old_lp, ref_lp)
         update_metrics.update({f"advantage/{k}": v for k, v in estimated.metrics.items()})
         t3 = time.perf_counter()
