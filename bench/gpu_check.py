@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
 
-    from train.config import build_config
     from bench.plan import GPUS, arch_of, memory, workload_from_config
+    from train.config import build_config
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as run_dir:
         overrides = [
