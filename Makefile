@@ -12,10 +12,12 @@ WAIT ?=
 EXTRA ?= cpu
 
 STAMP := $(VENV)/.installed-$(EXTRA)
+# packages uninstalled after installing this backend extra ([tool.rlpost].remove in pyproject.toml)
+REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['rlpost']['remove']['$(EXTRA)']))")
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft pipeline slurm-up slurm-down ui clean lint model leaderboard report
+.PHONY: setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -24,10 +26,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[$(EXTRA),dev]"
 	$(PY) -m pip install -q --no-deps $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['rlpost']['no-deps']))")
-	$(PY) -m pip uninstall -q -y $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['rlpost']['remove']))") 2>/dev/null || true
+	$(PY) -m pip uninstall -q -y $(REMOVE) 2>/dev/null || true
 	touch $@
 
 setup: $(STAMP)
+
+check-pins:  ## prove each backend extra resolves from the registry (pip --dry-run; downloads metadata only)
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found"; exit 1; }
+	$(PYTHON) bench/check_pins.py $(if $(EXTRAS),--extras $(EXTRAS))
+
+plan: setup  ## per-GPU memory and step time of an experiment: make plan EXP=darling_math OVERRIDES="preset=paper gpu=h100"
+	$(PY) -m bench.plan experiment=$(EXP) $(OVERRIDES)
 
 model: setup  ## convert the embedded default model once (also done on first use)
 	$(PY) -m train.models
@@ -72,7 +81,7 @@ BENCH_STAMP := $(VENV)/.installed-bench-$(EXTRA)
 # TRL (the `bench` extra); the reinstall may pull torchvision/torchaudio/torchcodec back: remove them again.
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -q -e ".[$(EXTRA),dev,bench]"
-	$(PY) -m pip uninstall -q -y $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['rlpost']['remove']))") 2>/dev/null || true
+	$(PY) -m pip uninstall -q -y $(REMOVE) 2>/dev/null || true
 	touch $@
 
 bench-train: setup $(BENCH_STAMP)

@@ -11,7 +11,7 @@ medians over the remaining steps. `key=value` arguments are extra overrides for 
 
 The compute floor of a step is its matmul FLOPs (generation ~2*N*tokens with each prompt prefilled once,
 training ~6*N*tokens over prompt+response, plus the LM head on the positions whose logits are computed,
-plus causal attention) divided by the fp32 matmul rate measured at the start.
+plus causal attention) divided by the matmul rate of the run's precision (fp32 or bf16), measured at the start.
 """
 
 from __future__ import annotations
@@ -167,32 +167,27 @@ def format_table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def add_floor(summary: dict[str, float], flops: float, fp32_flops_per_s: float) -> None:
+def add_floor(summary: dict[str, float], flops: float, flops_per_s: float) -> None:
     summary["step_flops"] = flops
-    summary["floor_s"] = flops / fp32_flops_per_s
+    summary["floor_s"] = flops / flops_per_s
     if "step_s" in summary:
         summary["floor_share"] = summary["step_s"] / summary["floor_s"]
 
 
 # ---- measurements ------------------------------------------------------------------------------
-def matmul_flops_per_s(dtype_name: str, size: int, min_time_s: float = 1.0) -> float:
-    """Sustained square-matmul rate (FLOP/s) of torch on this CPU with the current thread count."""
+def matmul_rates(trials: int = 5) -> tuple[float, float]:
+    """(fp32, bf16) FLOP/s: the best of alternating trials, so a load spike from another process hits
+    both precisions alike instead of deciding which one looks faster."""
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    torch.mm(a, b)  # warm-up
-    best = 0.0
-    for _trial in range(3):  # the best of 3: a brief stall from another process must not lower the floor
-        reps, t0 = 0, time.perf_counter()
-        while True:
-            torch.mm(a, b)
-            reps += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= min_time_s:
-                best = max(best, 2.0 * size**3 * reps / elapsed)
-                break
-    return best
+    from train.policy.precision import matmul_flops_per_s as rate
+
+    cpu = torch.device("cpu")
+    fp32 = bf16 = 0.0
+    for _ in range(trials):
+        fp32 = max(fp32, rate(torch.float32, cpu, 1024, 0.3))
+        bf16 = max(bf16, rate(torch.bfloat16, cpu, 512, 0.3))  # 512: the AVX2 fallback is ~100x slower
+    return fp32, bf16
 
 
 def model_dims(model_path: str) -> ModelDims:
@@ -502,8 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         args.model = str(resolve_model_path(args.model))
 
     print(f"[bench] {_other_load()}; {os.cpu_count()} CPUs, {args.threads} threads per side", flush=True)
-    fp32_rate = matmul_flops_per_s("float32", 1024)
-    bf16_rate = matmul_flops_per_s("bfloat16", 512, min_time_s=0.5)
+    fp32_rate, bf16_rate = matmul_rates()
     capability = torch.backends.cpu.get_cpu_capability()
     accelerated = bf16_rate >= 0.5 * fp32_rate
     rates = (
@@ -521,6 +515,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tables = []
     for precision in args.precisions:
+        rate = bf16_rate if precision == "bf16" else fp32_rate  # the floor at this precision
         results: dict[str, dict[str, float]] = {}
         notes = []
         for side in args.side_list:
@@ -540,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
                 step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples))
                 for s in timed
             )
-            add_floor(summary, flops, fp32_rate)
+            add_floor(summary, flops, rate)
             if side == "ours":  # the FLOPs it actually runs: each group's prompt once in training
                 own = statistics.median(
                     step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples), True)
@@ -548,8 +543,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 notes.append(
                     f"ours shares each group's prompt in training (policy.share_prompts): its own step FLOPs"
-                    f" {own / 1e12:.3f} T, floor {own / fp32_rate:.2f} s, step_s/own floor"
-                    f" {summary.get('step_s', float('nan')) * fp32_rate / own:.2f}x"
+                    f" {own / 1e12:.3f} T, floor {own / rate:.2f} s, step_s/own floor"
+                    f" {summary.get('step_s', float('nan')) * rate / own:.2f}x"
                 )
             summary["reward_mean"] = statistics.fmean(s.get("reward_mean", float("nan")) for s in timed)
             results[side] = summary
@@ -560,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{' after 1 warm-up' if args.steps > 1 else ''}, OMP_NUM_THREADS={args.threads}"
         )
         note = (
-            f"floor_s = step FLOPs / fp32 matmul rate ({fp32_rate / 1e9:.1f} GFLOP/s); "
+            f"floor_s = step FLOPs / {precision} matmul rate ({rate / 1e9:.1f} GFLOP/s); "
             f"step FLOPs {results.get('ours', results.get('trl', {})).get('step_flops', 0) / 1e12:.3f} T"
             f" (model body {dims.body_params / 1e6:.1f}M params, LM head {dims.hidden}x{dims.vocab});"
             " TRL's update_s = step - generate - reward (includes its scoring bookkeeping)"

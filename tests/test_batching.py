@@ -103,3 +103,44 @@ def test_shared_prompt_layout_gives_the_plain_layouts_log_probs_and_gradients(ti
     for name, grad in grads[0].items():
         scale = float(grad.abs().max())  # fp32 sums in another order: equal to ~1e-6 of the largest entry
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+def test_packed_layout_is_one_padding_free_row():
+    from train.policy.batching import make_packed_micro_batches, plan_packed
+
+    assert plan_packed([5, 4, 3, 9, 1], token_budget=10) == [[0, 1], [2], [3, 4]]  # 9, 3, 10 tokens
+    (mb,) = make_packed_micro_batches([[1, 2], [3]], [[7, 8, 9], [5]], token_budget=64, pad_id=0)
+    assert mb.attention_mask is None and mb.input_ids.tolist() == [[1, 2, 7, 8, 9, 3, 5]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1]]  # restart per sample: no cross attention
+    # row 0's tokens 7, 8, 9 are predicted at positions 1, 2, 3; row 1's token 5 at position 5
+    assert mb.keep.tolist() == [1, 2, 3, 5]
+    assert mb.gather_col.tolist() == [[0, 1, 2], [3, 0, 0]] and mb.gather_unit.abs().sum() == 0
+    assert mb.response_mask.tolist() == [[1, 1, 1], [1, 0, 0]] and mb.num_tokens == 7
+
+
+def test_packed_layout_gives_the_plain_layouts_log_probs_and_gradients(tiny_model, dist_group):
+    from train.policy.fsdp import Policy
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, 4000, (int(k),), generator=g).tolist() for k in (3, 9, 6)]
+    rows = [p for p in prompts for _ in range(3)]
+    responses = [torch.randint(10, 4000, (int(k),), generator=g).tolist() for k in [1, 8, 0] * 3]
+    plain = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=False, micro_batch_tokens=40, pad_id=0)
+    packed = Policy(tiny_model, lr=1e-2, grad_clip=1e9, pack_sequences=True, micro_batch_tokens=40, pad_id=0)
+    assert packed.attn_implementation == "sdpa"  # on CPU: SDPA with the mask built from position ids
+    mbs = packed.micro_batches(rows, responses)
+    assert len(mbs) > 1 and all(mb.input_ids.shape[0] == 1 and mb.num_tokens <= 40 for mb in mbs)
+    lp_plain, _ = plain.compute_log_probs(rows, responses)
+    lp_packed, _ = packed.compute_log_probs(rows, responses)
+    torch.testing.assert_close(lp_packed, lp_plain, rtol=0, atol=1e-5)
+    weights = torch.rand(len(rows), lp_plain.shape[1], generator=g)
+
+    def loss_fn(mb, log_probs, entropy):
+        return -(log_probs * weights[mb.rows, : log_probs.shape[1]] * mb.response_mask).sum(), {}
+
+    for policy in (plain, packed):
+        policy.train_step(rows, responses, loss_fn, with_entropy=False)
+    grads = [{n: p.grad.full_tensor() for n, p in pol.model.named_parameters()} for pol in (plain, packed)]
+    for name, grad in grads[0].items():
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)

@@ -79,7 +79,7 @@ def test_ratio_and_floor():
     assert ratio(30.0, 10.0) == 3.0
     assert ratio(None, 1.0) is None and ratio(1.0, 0.0) is None
     s = {"step_s": 20.0}
-    add_floor(s, flops=1e12, fp32_flops_per_s=1e11)
+    add_floor(s, flops=1e12, flops_per_s=1e11)
     assert s["floor_s"] == pytest.approx(10.0) and s["floor_share"] == pytest.approx(2.0)
 
 

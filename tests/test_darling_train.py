@@ -25,7 +25,7 @@ def test_experiments_build_with_and_without_paper_preset(experiment):
     for cfg in (cpu, paper):
         assert cfg.reward._target_ == "train.rewards.darling_reward.DarlingReward"
         assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo is False
-    assert cpu.model.path == "default" and cpu.policy.precision == "fp32"
+    assert cpu.model.path == "default" and cpu.policy.precision == "auto"
     if experiment == "darling_math":  # one-number answers: the same final number = the same class
         assert cpu.reward.judge._target_ == "train.diversity.judges.AnswerAwareJudge"
         assert cpu.reward.judge.get("judge") is None

@@ -8,9 +8,7 @@ under torchrun.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 
 USAGE = """usage: python -m train [experiment=NAME] [preset=NAME] [key=value ...] [--validate | --help]
 
@@ -62,26 +60,13 @@ def main(argv: list[str] | None = None) -> int:
             f"loss {a.policy_loss_mode}/{a.loss_agg_mode}, reward {cfg.reward._target_}"
         )
         return 0
-    from omegaconf import OmegaConf
 
     from train.models import ModelNotFoundError
 
-    if cfg.world_size > 1:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            f.write(OmegaConf.to_yaml(cfg))
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={cfg.world_size}",
-            "-m",
-            "train.stages.grpo",
-            f.name,
-        ]
-        return subprocess.call(
-            cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        )
+    if cfg.world_size > 1:  # torchrun starts the ranks (across a Slurm job's nodes when it has several)
+        from train.launch.ranks import launch_ranks
+
+        return launch_ranks(cfg)
     from train.stages.grpo import run
 
     try:

@@ -48,8 +48,14 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 64
-    dtype: str = "auto"  # engine compute dtype; auto = float32 for fp32 training, bfloat16 for bf16
+    dtype: str = "auto"  # engine compute dtype; auto = the policy's resolved precision (float32 | bfloat16)
     max_model_len: int = 1024
+    gpu_memory_utilization: float = 0.5  # GPU only: share of each GPU vLLM may take (weights + KV cache)
+    tensor_parallel_size: int = 1  # GPU: ranks per vLLM TP group (consecutive ranks); must divide world_size
+    sleep_level: int = (
+        2  # GPU: vLLM sleep before the update (2 = drop weights+KV, 1 = weights to CPU, 0 = off)
+    )
+    enforce_eager: bool | None = None  # None = CUDA graphs on GPU, eager on CPU
 
 
 @dataclass
@@ -113,10 +119,17 @@ class OptimConfig:
 
 @dataclass
 class PolicyConfig:
-    precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights and gradient reduction)
-    gradient_checkpointing: bool = False
+    precision: str = "auto"  # auto | fp32 | bf16 (bf16 compute, fp32 master weights, fp32 gradient reduce); auto = bf16 where it multiplies faster (measured at start)
+    gradient_checkpointing: bool = False  # activation checkpointing: recompute each layer in backward
     micro_batch_tokens: int = 2048  # token budget of one forward/backward micro-batch (padded tokens)
     share_prompts: bool = True  # a group's prompt runs through the model once, not n times (same log-probs)
+    pack_sequences: bool = (
+        False  # padding-free micro-batches (one packed row; for GPUs, wins over share_prompts)
+    )
+    attn_implementation: str = (
+        "auto"  # auto | sdpa | flash_attention_2 | eager (auto: flash for packed rows on GPU when installed)
+    )
+    cpu_offload: bool = False  # GPU: keep parameter shards, gradients and optimizer step on the CPU
 
 
 @dataclass
@@ -306,7 +319,7 @@ def validate_run(cfg: DictConfig) -> None:
             (cfg.optim.lr > 0, "optim.lr must be > 0"),
             (cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0"),
             (cfg.optim.schedule in ("constant", "cosine"), "optim.schedule must be constant or cosine"),
-            (cfg.policy.precision in ("fp32", "bf16"), "policy.precision must be fp32 or bf16"),
+            (cfg.policy.precision in ("auto", "fp32", "bf16"), "policy.precision must be auto, fp32 or bf16"),
             (cfg.policy.micro_batch_tokens >= 1, "policy.micro_batch_tokens must be >= 1"),
         ]
     )
@@ -322,7 +335,19 @@ def validate_components(cfg: DictConfig, supplied: dict[str, set[str]] | None = 
         raise ConfigError(str(exc)) from None
 
 
-ENGINE_SUPPLIED = {"rollout.engine": {"model_path", "dtype", "max_model_len", "seed"}}
+ENGINE_SUPPLIED = {
+    "rollout.engine": {
+        "model_path",
+        "dtype",
+        "max_model_len",
+        "seed",
+        # train.rollout.vllm_engine.engine_device_kwargs: the rollout.* GPU keys
+        "gpu_memory_utilization",
+        "tensor_parallel_size",
+        "sleep_level",
+        "enforce_eager",
+    }
+}
 
 
 def validate(cfg: DictConfig) -> None:
@@ -342,6 +367,12 @@ def validate(cfg: DictConfig) -> None:
             cfg.data.prompts_per_step % cfg.world_size == 0,
             "data.prompts_per_step must be divisible by world_size",
         ),
+        (
+            cfg.rollout.tensor_parallel_size >= 1 and cfg.world_size % cfg.rollout.tensor_parallel_size == 0,
+            "rollout.tensor_parallel_size must divide world_size",
+        ),
+        (0 < cfg.rollout.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in (0, 1]"),
+        (cfg.rollout.sleep_level in (0, 1, 2), "rollout.sleep_level must be 0, 1 or 2"),
         (cfg.algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs must be >= 1"),
     ]
     mini = cfg.algorithm.ppo_mini_batch_size

@@ -32,24 +32,30 @@ def run_dir_of(cfg: DictConfig) -> Path:
     return Path(cfg.output_dir) / cfg.experiment / cfg.run_name
 
 
-def engine_dtype(cfg: DictConfig) -> str:
-    """The rollout engine's dtype: `rollout.dtype`, or the training precision's (auto)."""
+def engine_dtype(cfg: DictConfig, precision: str) -> str:
+    """The rollout engine's dtype: `rollout.dtype`, or (auto) the policy's resolved `precision` (fp32|bf16)."""
+    from train.policy.precision import ENGINE_DTYPES
+
     if cfg.rollout.dtype != "auto":
         return cfg.rollout.dtype
-    return "bfloat16" if cfg.policy.precision == "bf16" else "float32"
+    return ENGINE_DTYPES[precision]
 
 
-def build_engine(cfg: DictConfig, weights: str | Path):
-    """The rollout engine of `rollout.engine` (not recursive: a wrapper engine builds its inner one)."""
+def build_engine(cfg: DictConfig, weights: str | Path, precision: str):
+    """The rollout engine of `rollout.engine` (not recursive: a wrapper engine builds its inner one),
+    computing in the policy's resolved `precision` unless `rollout.dtype` says otherwise."""
     from hydra.utils import instantiate
+
+    from train.rollout.vllm_engine import engine_device_kwargs
 
     return instantiate(
         OmegaConf.to_container(cfg.rollout.engine, resolve=True),
         _recursive_=False,
         model_path=str(weights),
-        dtype=engine_dtype(cfg),
+        dtype=engine_dtype(cfg, precision),
         max_model_len=cfg.rollout.max_model_len,
         seed=cfg.seed,
+        **engine_device_kwargs(cfg.rollout),
     )
 
 
@@ -86,6 +92,7 @@ class TrainingLoop:
         self.engine, self.owns_engine = engine, engine is None
         self.load_data()  # before any model loads: a bad dataset path fails at once
         self.policy = self._build_policy()
+        self.print(self.policy.precision_choice.describe())
         self.setup()
         if self.state:  # optimizer, schedule and this rank's RNG
             self.policy.load_optimizer_state(
@@ -218,6 +225,9 @@ class TrainingLoop:
             gradient_checkpointing=pol.gradient_checkpointing,
             micro_batch_tokens=pol.micro_batch_tokens,
             share_prompts=pol.share_prompts,
+            pack_sequences=pol.pack_sequences,
+            attn_implementation=pol.attn_implementation,
+            cpu_offload=pol.cpu_offload,
             warmup_steps=opt.warmup_steps,
             lr_schedule=opt.schedule,
             total_steps=cfg.total_steps,
@@ -238,6 +248,7 @@ class TrainingLoop:
         )
         run_id = all_gather_objects(run_id)[0]
         tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+        tracker.log_params(self.policy.precision_choice.as_params())  # what policy.precision=auto chose
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(redacted_yaml(cfg))

@@ -71,7 +71,17 @@ class TrainPoint(submitit.helpers.Checkpointable):
         cfg = OmegaConf.create(cfg_yaml)
         run_dir = Path(cfg.run_dir)
         env = job_env()
-        if _num_tasks() > 1:  # a multi-node job: Ray head on task 0, the other tasks join it
+        if _num_tasks() > 1 and cfg.get("world_size", 1) > 1:
+            # one FSDP world over the job's nodes (one task per node): every node starts its ranks with
+            # torchrun; task 0 also keeps status.json and the MLflow state
+            if _task_id() != 0:
+                from train.launch.ranks import launch_ranks
+
+                code = launch_ranks(cfg)
+                if code:
+                    raise RuntimeError(f"training ranks on this node exited with status {code}")
+                return {}
+        elif _num_tasks() > 1:  # a multi-node job: Ray head on task 0, the other tasks join it
             from train.ray_cluster import ray_job
 
             return ray_job(lambda: self._train(cfg, run_dir, env, slots_dir, max_parallel), run_dir)
@@ -100,7 +110,16 @@ class TrainPoint(submitit.helpers.Checkpointable):
                 # resumed old sweep) gets that key's default instead of failing on a missing key
                 cfg = merge_layers(OmegaConf.structured(train_schema()), [cfg])
 
-            result = run(cfg)
+            if cfg.get("world_size", 1) > 1 and "RANK" not in os.environ and not cfg.get("pipeline"):
+                from train.launch.ranks import launch_ranks
+                from train.progress import read_progress
+
+                code = launch_ranks(cfg)  # the ranks train; their last metrics are in progress.json
+                if code:
+                    raise RuntimeError(f"training ranks exited with status {code} (see the job log)")
+                result = read_progress(run_dir).get("metrics", {})
+            else:
+                result = run(cfg)
             write_status(run_dir, "done", **env, metrics=result)
             return result
         except BaseException as exc:
@@ -123,6 +142,13 @@ class TrainPoint(submitit.helpers.Checkpointable):
         """Preempted / timed out: requeue the same call; the trainer's checkpoints carry the state."""
         self.preempted = True
         return submitit.helpers.DelayedSubmission(TrainPoint(), cfg_yaml, *args, **kwargs)
+
+
+def _task_id() -> int:
+    try:
+        return int(submitit.JobEnvironment().global_rank)
+    except RuntimeError:
+        return 0
 
 
 def _num_tasks() -> int:

@@ -26,7 +26,7 @@ class Critic(Policy):
 
     def _load_model(self, model_path: str | Path) -> torch.nn.Module:
         return AutoModelForTokenClassification.from_pretrained(
-            str(model_path), num_labels=1, dtype=torch.float32
+            str(model_path), num_labels=1, dtype=torch.float32, attn_implementation=self.attn_implementation
         )
 
     def _forward(

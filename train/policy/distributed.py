@@ -23,6 +23,8 @@ def init_distributed() -> tuple[int, int]:
     """
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():  # one GPU per rank: the rank's local index on its node
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if "RANK" in os.environ:  # torchrun / srun set these
             dist.init_process_group(backend)
         else:  # no env changes: child processes must not inherit this group's address
@@ -32,11 +34,23 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def device() -> torch.device:
+    """Where this rank computes: its GPU when there is one (set by init_distributed), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _comm_device() -> torch.device:
+    """NCCL reduces only GPU tensors, gloo only CPU ones."""
+    return device() if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def all_reduce_sum(value: float | int) -> float:
     """Sum a Python number over ranks (a no-op at world size 1)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t)
     return float(t.item())
 
@@ -44,7 +58,7 @@ def all_reduce_sum(value: float | int) -> float:
 def all_reduce_max(value: int) -> int:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return int(value)
-    t = torch.tensor([int(value)], dtype=torch.int64)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 

@@ -3,6 +3,13 @@
 Owns the parameters, the optimizer and everything that touches them: teacher-forced log-probs in
 token-budget micro-batches, one optimizer step from a loss callback, full weights for the rollout
 engine, and HF-format saving. The algorithm (what the loss is) stays outside, in `train.algorithms`.
+
+Each rank computes on its own GPU when there is one (NCCL), else on the CPU (gloo). Master weights,
+gradients and the AdamW state are fp32 and sharded over the ranks; under `precision=bf16` FSDP2's
+`MixedPrecisionPolicy` all-gathers the parameters in bf16 for the forward/backward and reduce-scatters
+the gradients in fp32 (`precision=auto` decides by measuring, see precision.py). `cpu_offload` keeps the
+shards, their gradients and the optimizer step on the CPU (FSDP2 `CPUOffloadPolicy`) for models whose
+state does not fit beside the activations and the rollout engine.
 """
 
 from __future__ import annotations
@@ -20,15 +27,23 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
-from train.policy.batching import MicroBatch, empty_micro_batch, make_micro_batches, make_shared_micro_batches
-from train.policy.distributed import all_reduce_max
+from train.policy.batching import (
+    MicroBatch,
+    empty_micro_batch,
+    make_micro_batches,
+    make_packed_micro_batches,
+    make_shared_micro_batches,
+)
+from train.policy.distributed import all_reduce_max, device
+from train.policy.precision import PRECISIONS, resolve_precision
 
-PRECISIONS = ("fp32", "bf16")
+ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")
 
 # loss_fn(micro_batch, log_probs (b, R), entropy (b, R) | None) -> (loss scalar, metrics)
 LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
@@ -40,7 +55,7 @@ class Policy:
     def __init__(
         self,
         model_path: str | Path,
-        precision: str = "fp32",
+        precision: str = "fp32",  # the run config's default is auto (train/config.py)
         trainable: bool = True,
         lr: float = 1e-6,
         weight_decay: float = 0.01,
@@ -53,32 +68,48 @@ class Policy:
         total_steps: int = 1,
         pad_id: int = 0,
         share_prompts: bool = True,
+        pack_sequences: bool = False,
+        attn_implementation: str = "auto",
+        cpu_offload: bool = False,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"optim.schedule={lr_schedule!r}: expected 'constant' or 'cosine'")
-        self.precision = precision
+        if attn_implementation not in ATTENTION:
+            raise ValueError(
+                f"policy.attn_implementation={attn_implementation!r}: expected one of {ATTENTION}"
+            )
+        self.device = device()
+        self.precision_choice = resolve_precision(precision, self.device)
+        self.precision = self.precision_choice.precision  # fp32 | bf16, never auto
         self.grad_clip = grad_clip
         self.micro_batch_tokens = micro_batch_tokens
         self.pad_id = pad_id
         self.share_prompts = share_prompts  # rows with one prompt: the prompt runs once (batching.py)
+        self.pack_sequences = pack_sequences  # padding-free rows (wins over share_prompts), batching.py
+        self.attn_implementation = pick_attention(attn_implementation, self.device, pack_sequences)
+        if self.attn_implementation == "flash_attention_2" and share_prompts and not pack_sequences:
+            raise ValueError(
+                "policy.attn_implementation=flash_attention_2 cannot run the shared-prompt layout's 4-D mask:"
+                " set policy.pack_sequences=true (padding-free rows) or policy.share_prompts=false"
+            )
         model = self._load_model(model_path)
         self.config = model.config
         if gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if precision == "bf16"
-            else None
-        )
-        kwargs = {"mp_policy": mp} if mp is not None else {}
+        self.world_size = dist.get_world_size()
+        kwargs: dict = {"mesh": init_device_mesh(self.device.type, (self.world_size,))}
+        if self.precision == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        self.cpu_offload = cpu_offload and self.device.type == "cuda"  # on a CPU-only rank it is a no-op
+        if self.cpu_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         for layer in model.model.layers:
             fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)
+        fully_shard(model, **kwargs)  # moves the shards to the mesh's device (or keeps them on the CPU)
         self.model = model
-        self.world_size = dist.get_world_size()
         if trainable:
             model.train()
             self.optimizer = torch.optim.AdamW(
@@ -97,7 +128,9 @@ class Policy:
 
     def _load_model(self, model_path: str | Path) -> torch.nn.Module:
         """The HF model to shard (a subclass may load another head on the same trunk: critic.py)."""
-        return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(
+            str(model_path), dtype=torch.float32, attn_implementation=self.attn_implementation
+        )
 
     # ---- forward -------------------------------------------------------------------------------
     def _forward(
@@ -130,12 +163,15 @@ class Policy:
         FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang the
         others, so ranks with less data run masked-out one-token batches (zero loss, zero gradient).
         """
-        make = make_shared_micro_batches if self.share_prompts else make_micro_batches
+        if self.pack_sequences:
+            make = make_packed_micro_batches
+        else:
+            make = make_shared_micro_batches if self.share_prompts else make_micro_batches
         mbs = make(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
         target = all_reduce_max(len(mbs))
         while len(mbs) < target:
             mbs.append(empty_micro_batch(self.pad_id))
-        return mbs
+        return [mb.to(self.device) for mb in mbs]
 
     @torch.no_grad()
     def compute_log_probs(
@@ -150,9 +186,9 @@ class Policy:
             if mb.rows.numel() == 0:  # padding micro-batch (see micro_batches)
                 continue
             R = lp.shape[1]
-            log_probs[mb.rows, :R] = lp * mb.response_mask
+            log_probs[mb.rows, :R] = (lp * mb.response_mask).float().cpu()
             if entropy is not None:
-                entropy[mb.rows, :R] = ent * mb.response_mask
+                entropy[mb.rows, :R] = (ent * mb.response_mask).float().cpu()
         return log_probs, entropy
 
     # ---- update --------------------------------------------------------------------------------
@@ -233,6 +269,20 @@ class Policy:
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
         )
         self.scheduler.load_state_dict(scheduler_state)
+
+
+def pick_attention(requested: str, where: torch.device, packed: bool) -> str:
+    """The HF attention implementation. `auto`: FlashAttention-2 for packed rows on a GPU when the
+    flash-attn package is installed (variable-length kernels, no mask), else PyTorch SDPA, which also
+    runs packed rows (transformers builds the block-diagonal mask from the restarting position ids)."""
+    if requested != "auto":
+        return requested
+    if packed and where.type == "cuda":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -56,6 +56,10 @@ class RolloutEngine(Protocol):
         """Log-probs the engine's current weights give each response token (teacher-forced)."""
         ...
 
+    def sleep(self) -> None:
+        """Release accelerator memory before the policy update (vLLM sleep mode); `update_weights` wakes."""
+        ...
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights in memory (HF parameter names)."""
         ...

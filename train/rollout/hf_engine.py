@@ -1,6 +1,7 @@
 """HF `generate` rollout backend: slower than vLLM, but needs nothing beyond transformers.
 
-It keeps its own unsharded copy of the policy; `update_weights` copies new values into it.
+It keeps its own unsharded copy of the policy (on this rank's GPU when there is one);
+`update_weights` copies new values into it one tensor at a time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ class HFEngine:
         self, model_path: str | Path, dtype: str = "float32", batch_size: int = 64, **_: object
     ) -> None:
         self.dtype = getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=self.dtype).eval()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        self.device = self.device or torch.device("cpu")
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=self.dtype)
+        self.model = model.to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = set(_eos_ids(self.model, self.tokenizer))
@@ -35,6 +39,7 @@ class HFEngine:
             chunk = rows[start : start + self.batch_size]
             torch.manual_seed(sampling.seed + start)
             ids, mask = _left_pad(chunk, self.pad_id)
+            ids, mask = ids.to(self.device), mask.to(self.device)
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -66,11 +71,10 @@ class HFEngine:
     ) -> list[list[float]]:
         result = []
         for p, r in zip(prompt_ids, response_ids):
-            ids = torch.tensor([p + r])
+            ids = torch.tensor([p + r], device=self.device)
             logits = self.model(input_ids=ids).logits[0, len(p) - 1 : -1].float()
-            result.append(
-                logits.log_softmax(-1).gather(-1, torch.tensor(r).unsqueeze(-1)).squeeze(-1).tolist()
-            )
+            targets = torch.tensor(r, device=self.device).unsqueeze(-1)
+            result.append(logits.log_softmax(-1).gather(-1, targets).squeeze(-1).tolist())
         return result
 
     @torch.no_grad()
@@ -79,6 +83,9 @@ class HFEngine:
         for name, tensor in named_tensors:
             if name in params:
                 params[name].copy_(tensor.to(params[name].dtype))
+
+    def sleep(self) -> None:
+        """Nothing to release: generation keeps no cache between calls."""
 
     def close(self) -> None:
         del self.model

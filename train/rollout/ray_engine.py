@@ -74,6 +74,9 @@ class _EngineActor:
     def update_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.engine.update_weights(iter(weights.items()))
 
+    def sleep(self) -> None:
+        self.engine.sleep()
+
     def close(self) -> None:
         self.engine.close()
 
@@ -136,6 +139,12 @@ class RayEngine:
             for actor, r in zip(self.actors, ranges)
         ]
         return [lp for part in ray.get(futures) for lp in part]
+
+    def sleep(self) -> None:
+        """Every actor's engine releases its accelerator memory until the next update_weights."""
+        import ray
+
+        ray.get([a.sleep.remote() for a in self.actors])
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         import ray

@@ -2,19 +2,36 @@
 
 The engine runs in the trainer's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and joins the
 trainer's torch.distributed group instead of spawning workers (at world size > 1 through the
-`external_launcher` executor): each rank owns one engine and generates its own share of the batch. New policy weights go in
-through `reload_weights` (the CPU backend prepacks linear layers, so a plain `load_weights` fails).
+`external_launcher` executor): each rank owns one engine and generates its own share of the batch.
+
+Device settings follow where it runs (`engine_kwargs`):
+- CPU: eager mode, KV cache of `kv_cache_gb`, whole-prompt prefill; new weights go in through
+  `reload_weights` (the CPU backend prepacks linear layers, so a plain `load_weights` fails).
+- GPU (verl's hybrid engine / TRL's colocate mode): CUDA graphs on (`enforce_eager=None` = auto),
+  vLLM takes `gpu_memory_utilization` of the GPU, and with `sleep_level=2` (default) it releases ALL of
+  its GPU memory (weights and KV cache) before the policy update: the trainer calls `sleep()` after the
+  rollout, and `update_weights` wakes the weights, streams the new ones in from the FSDP2 shards in
+  buckets of at most `weight_bucket_mb` through the model's `load_weights`, then wakes the KV cache.
+  Level 2 rather than 1 because the old weights are replaced anyway: level 1 would first copy them to
+  CPU memory and back for nothing (vLLM docs, sleep mode: "level 2 ... update the model, where previous
+  model weights are not needed"). Waking the weights before the KV cache keeps the weight update from
+  running out of memory. No second full copy of the model exists at any time: one bucket at most.
+- `tensor_parallel_size=t > 1`: vLLM carves consecutive training ranks into TP groups of t (rank r is in
+  group r // t); the ranks of a group must submit identical requests, so each rank's prompts (with their
+  own seeds) are all-gathered inside the group, generated together, and each rank keeps its own rows.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 
 from train.rollout.base import Rollout, SamplingConfig, expand_groups
+
+SLEEP_LEVELS = (0, 1, 2)  # 0 = never sleep
 
 
 def _configure_env(kv_cache_gb: float) -> None:
@@ -23,6 +40,96 @@ def _configure_env(kv_cache_gb: float) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # vLLM pins OpenMP threads per rank; let it use the cores this rank was given.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def engine_kwargs(
+    device_type: str,
+    dtype: str,
+    seed: int,
+    max_model_len: int,
+    world_size: int,
+    enable_prefix_caching: bool = True,
+    gpu_memory_utilization: float = 0.9,
+    tensor_parallel_size: int = 1,
+    sleep_level: int = 2,
+    enforce_eager: bool | None = None,
+) -> dict:
+    """The keyword arguments of `vllm.LLM(...)` for an engine colocated on `device_type` (cpu | cuda)."""
+    if sleep_level not in SLEEP_LEVELS:
+        raise ValueError(f"rollout.sleep_level={sleep_level}: expected one of {SLEEP_LEVELS}")
+    if tensor_parallel_size < 1 or world_size % tensor_parallel_size:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={tensor_parallel_size} must divide world_size={world_size}"
+        )
+    kwargs: dict = {
+        "dtype": dtype,
+        "seed": seed,
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": enable_prefix_caching,
+        "max_num_batched_tokens": max(8192, max_model_len),
+    }
+    if world_size > 1:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    if tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = tensor_parallel_size
+    if device_type == "cuda":
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"rollout.gpu_memory_utilization={gpu_memory_utilization}: expected (0, 1]")
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs["enforce_eager"] = False if enforce_eager is None else enforce_eager  # CUDA graphs
+        kwargs["enable_sleep_mode"] = sleep_level > 0
+    else:
+        kwargs["enforce_eager"] = True if enforce_eager is None else enforce_eager  # no graphs on CPU
+        # Per-request seeded sampling cannot rewind a CPU generator after a chunked prefill step
+        # ("CPU Generator does not use offset"): prefill whole prompts instead.
+        kwargs["enable_chunked_prefill"] = False
+    return kwargs
+
+
+def engine_device_kwargs(rollout_cfg) -> dict:
+    """The `rollout.*` GPU keys (train/config.py) as engine constructor arguments."""
+    return {
+        "gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
+        "tensor_parallel_size": rollout_cfg.tensor_parallel_size,
+        "sleep_level": rollout_cfg.sleep_level,
+        "enforce_eager": rollout_cfg.enforce_eager,
+    }
+
+
+def bucketed(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int, dtype: torch.dtype | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive (name, tensor) pairs in lists of at most `max_bytes` (a bigger tensor goes alone),
+    each tensor cast to `dtype` as it is taken. The source is read lazily: while a bucket is being
+    loaded, at most that bucket's tensors exist, never the whole model."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        if dtype is not None and tensor.dtype != dtype and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def tp_groups(world_size: int, tp: int) -> list[list[int]]:
+    """vLLM's tensor-parallel groups under `external_launcher`: consecutive ranks, t at a time."""
+    if tp < 1 or world_size % tp:
+        raise ValueError(f"rollout.tensor_parallel_size={tp} must divide world_size={world_size}")
+    return [list(range(g * tp, (g + 1) * tp)) for g in range(world_size // tp)]
+
+
+def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on the vLLM worker (in this process): copy one bucket into the model (GPU path).
+
+    `get_model()` unwraps the CUDA-graph wrapper; the graphs keep pointing at the same parameter storage,
+    so they replay with the new values (TRL's colocate mode loads weights the same way)."""
+    worker.model_runner.get_model().load_weights(weights=weights)
 
 
 def _retie_lm_head(worker) -> None:
@@ -41,7 +148,12 @@ _LIVE_ENGINES: set[int] = set()  # ids of this process's open engines (see VLLME
 
 
 class VLLMEngine:
-    """Colocated vLLM engine. `dtype` is the engine's compute dtype (float32 or bfloat16)."""
+    """Colocated vLLM engine. `dtype` is the engine's compute dtype (float32 or bfloat16).
+
+    The GPU-only knobs (`gpu_memory_utilization`, `sleep_level`, CUDA graphs via `enforce_eager=None`)
+    are ignored on CPU; `kv_cache_gb` is the CPU KV cache (on GPU the cache gets what
+    `gpu_memory_utilization` leaves after the weights and activations).
+    """
 
     def __init__(
         self,
@@ -50,29 +162,43 @@ class VLLMEngine:
         max_model_len: int = 2048,
         kv_cache_gb: float = 1.0,
         seed: int = 0,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         enable_prefix_caching: bool = True,
+        gpu_memory_utilization: float = 0.9,
+        tensor_parallel_size: int = 1,
+        sleep_level: int = 2,
+        weight_bucket_mb: int = 512,
     ) -> None:
         _configure_env(kv_cache_gb)
         import torch.distributed as dist
         from vllm import LLM
 
-        kwargs = {}
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        self.llm = LLM(
-            str(model_path),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        self.kwargs = engine_kwargs(
+            self.device_type,
+            dtype,
+            seed,
+            max_model_len,
+            world,
             enable_prefix_caching=enable_prefix_caching,
-            # Per-request seeded sampling cannot rewind a CPU generator after a chunked prefill step
-            # ("CPU Generator does not use offset"): prefill whole prompts instead.
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(8192, max_model_len),
-            **kwargs,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            sleep_level=sleep_level,
+            enforce_eager=enforce_eager,
         )
+        self.sleep_level = sleep_level if self.device_type == "cuda" else 0
+        self.asleep = False
+        self.weight_dtype = getattr(torch, dtype)
+        self.bucket_bytes = weight_bucket_mb * 2**20
+        self.tp_group = None  # the torch group of this rank's vLLM TP group (prompts are shared in it)
+        if tensor_parallel_size > 1:
+            rank = dist.get_rank()
+            for ranks in tp_groups(world, tensor_parallel_size):  # every rank creates every group
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    self.tp_group, self.tp_ranks = group, ranks
+        self.llm = LLM(str(model_path), **self.kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         _LIVE_ENGINES.add(id(self))
 
@@ -91,11 +217,16 @@ class VLLMEngine:
         )
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+        self._wake()
         rows, groups = expand_groups(prompt_ids, sampling.n)
         # One request per sample with its own seed, so each sample depends only on (seed, row), not
         # on how the scheduler batches: this is what makes resumed runs reproduce uninterrupted ones.
         params = [self._params(sampling, sampling.seed + i) for i in range(len(rows))]
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in rows], params, use_tqdm=False)
+        requests = [{"prompt_token_ids": ids} for ids in rows]
+        mine = slice(0, len(rows))
+        if self.tp_group is not None:  # the TP group generates all its ranks' requests together
+            requests, params, mine = _share_in_group(requests, params, self.tp_group)
+        outs = self.llm.generate(requests, params, use_tqdm=False)[mine]
         response_ids, logprobs, texts, finish = [], [], [], []
         for out in outs:
             c = out.outputs[0]
@@ -111,18 +242,49 @@ class VLLMEngine:
     ) -> list[list[float]]:
         from vllm import SamplingParams
 
+        self._wake()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         seqs = [{"prompt_token_ids": p + r} for p, r in zip(prompt_ids, response_ids)]
-        outs = self.llm.generate(seqs, params, use_tqdm=False)
+        mine = slice(0, len(seqs))
+        if self.tp_group is not None:
+            seqs, _, mine = _share_in_group(seqs, [params] * len(seqs), self.tp_group)
+        outs = self.llm.generate(seqs, params, use_tqdm=False)[mine]
         result = []
         for out, p, r in zip(outs, prompt_ids, response_ids):
             plp = out.prompt_logprobs
             result.append([plp[len(p) + k][t].logprob for k, t in enumerate(r)])
         return result
 
+    def sleep(self) -> None:
+        """Release the engine's GPU memory for the policy update (sleep_level; a no-op on CPU)."""
+        if self.sleep_level and not self.asleep:
+            self.llm.reset_prefix_cache()
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def _wake(self) -> None:
+        """Wake whatever still sleeps (generation without a weight update, e.g. level 1, validation)."""
+        if self.asleep:
+            if self.sleep_level == 2:
+                raise RuntimeError(
+                    "the vLLM engine slept at level 2 (weights discarded): update_weights first"
+                )
+            self.llm.wake_up()
+            self.asleep = False
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
-        self.llm.collective_rpc(_retie_lm_head)
+        if self.device_type != "cuda":
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+            self.llm.collective_rpc(_retie_lm_head)
+        else:
+            if self.asleep:
+                self.llm.wake_up(tags=["weights"])  # weights first: the KV cache is not yet back
+            for bucket in bucketed(named_tensors, self.bucket_bytes, self.weight_dtype):
+                self.llm.collective_rpc(_load_weights, args=(bucket,))
+                del bucket
+            if self.asleep:
+                self.llm.wake_up(tags=["kv_cache"])
+                self.asleep = False
         # KV blocks cached under the old weights must not be reused for new prompts.
         self.llm.reset_prefix_cache()
 
@@ -152,3 +314,18 @@ class VLLMEngine:
                 core.cleanup_dist_env_and_memory = original
         else:
             del self.llm
+
+
+def _share_in_group(requests: list, params: list, group) -> tuple[list, list, slice]:
+    """All requests of this rank's TP group, in rank order, and the slice that is this rank's own."""
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, (requests, params), group=group)
+    me = dist.get_rank(group)
+    start = sum(len(p[0]) for p in parts[:me])
+    return (
+        [r for p in parts for r in p[0]],
+        [x for p in parts for x in p[1]],
+        slice(start, start + len(requests)),
+    )

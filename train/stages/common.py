@@ -76,7 +76,7 @@ def greedy_accuracy(loop, items: list[tuple[list[int], str]]) -> dict[str, float
     from train.loop import build_engine
 
     if loop.engine is None:
-        loop.engine = build_engine(loop.cfg, loop.weights)
+        loop.engine = build_engine(loop.cfg, loop.weights, loop.policy.precision)
     loop.engine.update_weights(loop.policy.full_weights())
     correct: list[float] = []
     if items:

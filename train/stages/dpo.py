@@ -99,7 +99,7 @@ def make_weighted_logp_loss_fn(weights: torch.Tensor, world: int):
 
     def loss_fn(mb, log_probs, entropy):
         masked = torch.where(mb.response_mask.bool(), log_probs, torch.zeros_like(log_probs))
-        return (masked.sum(-1) * weights[mb.rows]).sum() * world, {}
+        return (masked.sum(-1) * weights[mb.rows].to(log_probs.device)).sum() * world, {}
 
     return loss_fn
 
@@ -171,7 +171,7 @@ class DPOTrainer(TrainingLoop):
         t0 = time.perf_counter()
         ref = Policy(
             self.model_path,
-            precision=self.cfg.policy.precision,
+            precision=self.policy.precision,  # the trained policy's resolved choice
             trainable=False,
             micro_batch_tokens=self.cfg.policy.micro_batch_tokens,
             pad_id=self.pad_id,

@@ -65,28 +65,28 @@ def make_actor_loss_fn(
     local_tokens = max(float(mask.sum()), 1.0)
 
     def loss_fn(mb, log_probs, entropy):
-        R, rows = log_probs.shape[1], mb.rows
+        R, rows, dev = log_probs.shape[1], mb.rows, log_probs.device  # rows index these CPU tensors
         if seen_lp is not None:
-            seen_lp[rows, :R] = log_probs.detach() * mb.response_mask
-        loss_mask = mask[rows, :R]
+            seen_lp[rows, :R] = (log_probs.detach() * mb.response_mask).to(seen_lp.device)
+        loss_mask = mask[rows, :R].to(dev)
 
         def pg_loss_fn(old, new, a, m):
             return pg_entry.fn(old, new, a, m, algo, {"entropy": entropy})
 
         loss, metrics = actor_loss(
-            old_lp[rows, :R] if old_lp is not None else log_probs.detach(),
+            old_lp[rows, :R].to(dev) if old_lp is not None else log_probs.detach(),
             log_probs,
-            adv[rows, :R],
+            adv[rows, :R].to(dev),
             loss_mask,
             pg_loss_fn=pg_loss_fn,
             entropy=entropy,
             entropy_coeff=algo.entropy_coeff,
-            ref_log_prob=None if ref_lp is None else ref_lp[rows, :R],
+            ref_log_prob=None if ref_lp is None else ref_lp[rows, :R].to(dev),
             use_kl_loss=algo.use_kl_loss,
             kl_loss_coef=algo.kl_loss_coef,
             kl_loss_type=algo.kl_loss_type,
             loss_agg_mode=algo.loss_agg_mode,
-            is_weights=None if is_weights is None else is_weights[rows, :R],
+            is_weights=None if is_weights is None else is_weights[rows, :R].to(dev),
             **norms,
         )
         weight = float(loss_mask.sum()) / local_tokens  # metrics: token-weighted mean
@@ -104,11 +104,11 @@ def make_critic_loss_fn(algo, critic_cfg, returns, old_values, mask, scale_facto
     local_tokens = max(float(mask.sum()), 1.0)
 
     def loss_fn(mb, values, _entropy):
-        R, rows = values.shape[1], mb.rows
+        R, rows, dev = values.shape[1], mb.rows, values.device
         loss, metrics = value_loss(
             values,
-            returns[rows, :R],
-            old_values[rows, :R],
+            returns[rows, :R].to(dev),
+            old_values[rows, :R].to(dev),
             mb.response_mask,
             critic_cfg.cliprange_value,
             algo.loss_agg_mode,
@@ -205,7 +205,7 @@ class GRPOTrainer(TrainingLoop):
         if algo.use_kl_loss or algo.use_kl_in_reward:
             self.ref = Policy(
                 self.model_path,
-                precision=pol.precision,
+                precision=self.policy.precision,  # auto is resolved once, by the trained policy
                 trainable=False,
                 micro_batch_tokens=pol.micro_batch_tokens,
                 share_prompts=pol.share_prompts,
@@ -233,7 +233,7 @@ class GRPOTrainer(TrainingLoop):
             )
         self.reward_fn = instantiate(OmegaConf.to_container(cfg.reward, resolve=True))
         if self.engine is None:
-            self.engine = build_engine(cfg, self.weights)
+            self.engine = build_engine(cfg, self.weights, self.policy.precision)
         else:  # a shared engine may hold other weights: start it from this policy's
             self.engine.update_weights(self.policy.full_weights())
 
@@ -358,7 +358,8 @@ class GRPOTrainer(TrainingLoop):
                     algo.rollout_is_batch_normalize,
                 )
                 extra.update(is_metrics)
-        # ---- critic, then policy update(s) ----
+        # ---- critic, then policy update(s), with the rollout engine's GPU memory released ----
+        self.engine.sleep()
         if self.critic is not None:
             extra.update(self._update_critic(rollout, ctx.values, estimated.returns, mask))
         seen_lp = torch.zeros_like(mask) if old_lp is None and rollout_lp is not None else None

@@ -1,0 +1,387 @@
+"""`python -m bench.plan experiment=X [preset=paper] [world_size=N] [gpu=h100|h200|a100-80g] [key=value ...]`
+
+Per-GPU memory and step time of a training config, before a GPU is ever asked for. Refuses (exit status 1)
+a config that cannot fit and names what to change. Formulas (bytes per GPU; P parameters, W ranks):
+
+- policy state, FSDP2 full sharding with fp32 master weights and AdamW: weights 4P/W + gradients 4P/W +
+  AdamW moments 8P/W = 16P/W (the "16 bytes per parameter" of mixed-precision Adam in ZeRO, Rajbhandari
+  et al. 2020, sec. 3.1); `policy.cpu_offload` moves all of it to host memory.
+- unsharded layers during compute: two decoder layers at the compute dtype (the one running and the one
+  FSDP2 prefetches).
+- activations of one micro-batch of T = policy.micro_batch_tokens tokens through a Llama/Qwen block,
+  elements saved for backward per token per layer: 4h (residual, two norms' inputs/outputs) + 4·H·d
+  (q, rotated q, attention output, o_proj input) + 4·K·d (k, v, rotated k, cache) + 4·I (gate, up,
+  SiLU(gate), product), times the compute dtype's bytes; SDPA/flash attention keeps no s x s scores
+  (the 5·a·s/h term of Korthikanti et al. 2022, "Reducing Activation Recomputation", eq. 2, is absent).
+  With `policy.gradient_checkpointing` only each layer's input (h per token) is kept, plus one
+  layer's full activations while it is recomputed.
+- logits: T x vocab at the compute dtype, twice (the logits and their gradient; the project's
+  log-prob kernel never copies them to fp32, train/algorithms/losses.py).
+- vLLM during the rollout: `rollout.gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its
+  activations, the rest KV cache at 2·layers·K·d·bytes per token / TP); during the update, with
+  `rollout.sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB assumed) stays.
+
+FLOPs: 2·N per generated or prefilled token, 6·N per trained token (Kaplan et al. 2020), N = non-embedding
+parameters plus the LM head, and causal attention terms (bench/train_step.py's counts); the step time is those
+FLOPs over W GPUs at a stated MFU (`mfu` for the update, `rollout_mfu` for generation, which is
+bandwidth-bound in decode and runs far below the update's MFU).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+
+# usable memory as the driver reports it (nvidia-smi MiB) and dense bf16 tensor-core peak (datasheets, SXM)
+GPUS = {
+    "h100": {"memory_gib": 81559 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9},
+    "h200": {"memory_gib": 143771 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9},
+    "a100-80g": {"memory_gib": 81920 / 1024, "bf16_tflops": 312.0, "fp32_tflops": 19.5},
+}
+CONTEXT_GIB = 1.0  # CUDA context, NCCL buffers, allocator fragmentation: kept free
+VLLM_ASLEEP_GIB = 1.0  # what a sleeping vLLM engine keeps (CUDA graph pool)
+
+# Published configs of models the presets name, for planning without the weights at hand
+# (Qwen3-4B-Base: huggingface.co/Qwen/Qwen3-4B-Base config.json; card: 4.0B parameters, 3.6B non-embedding).
+KNOWN_MODELS = {
+    "Qwen3-4B-Base": {
+        "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
+    },
+    "SmolLM2-135M-Instruct": {
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True,
+    },
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Arch:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, c: dict) -> Arch:
+        heads = c["num_attention_heads"]
+        return cls(
+            hidden=c["hidden_size"],
+            intermediate=c["intermediate_size"],
+            layers=c["num_hidden_layers"],
+            heads=heads,
+            kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            vocab=c["vocab_size"],
+            tied=bool(c.get("tie_word_embeddings", False)),
+        )
+
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate + 2 * h
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def params(self) -> int:
+        """All parameters, tied embeddings counted once."""
+        head = 0 if self.tied else self.embedding_params()
+        return self.layers * self.layer_params() + self.embedding_params() + head + self.hidden
+
+    def non_embedding_params(self) -> int:
+        return self.layers * self.layer_params() + self.hidden
+
+
+@dataclass(frozen=True)
+class Workload:
+    world_size: int
+    samples_per_step: int  # prompts x n
+    n: int
+    prompt_tokens: int  # per prompt (planning figure)
+    response_tokens: int  # per sample (planning figure: the max_new_tokens bound)
+    micro_batch_tokens: int
+    updates_per_step: int  # ppo_epochs x mini-batches (optimizer steps)
+    epochs: int  # passes over the step's samples (ppo_epochs)
+    old_logprob_pass: bool  # an extra forward for the old log-probs
+    ref_pass: bool  # the frozen reference's forward (KL)
+    shared_prompts: bool
+    compute_bytes: int  # 2 (bf16) or 4 (fp32)
+    gradient_checkpointing: bool
+    cpu_offload: bool
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    sleep_level: int
+    max_model_len: int
+    engine: str = "vllm"  # vllm | hf_generate (HF generate keeps a bf16 copy of the model and no sleep mode)
+
+
+def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
+    """Bytes per GPU of each component (see the module docstring), in GiB."""
+    P, W, b = arch.params(), w.world_size, w.compute_bytes
+    state = 0.0 if w.cpu_offload else 16.0 * P / W
+    out = {
+        "params_fp32": 0.0 if w.cpu_offload else 4.0 * P / W,
+        "grads_fp32": 0.0 if w.cpu_offload else 4.0 * P / W,
+        "adamw_fp32": 0.0 if w.cpu_offload else 8.0 * P / W,
+        "unsharded_layers": 2.0 * arch.layer_params() * b,
+    }
+    h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
+    per_token_layer = (4 * h + 4 * q + 4 * kv + 4 * i) * b
+    T = w.micro_batch_tokens
+    out["activations_no_ckpt"] = T * arch.layers * per_token_layer
+    out["activations_ckpt"] = T * arch.layers * h * b + T * per_token_layer
+    out["logits"] = 2.0 * T * arch.vocab * b
+    out["vllm_weights"] = 2.0 * P / w.tensor_parallel_size
+    if w.engine == "hf_generate":  # its own model copy, and the batch's KV cache while it generates
+        per_rank = w.samples_per_step // w.world_size
+        kv = per_rank * (w.prompt_tokens + w.response_tokens) * kv_bytes_per_token(arch, 1)
+        out["vllm_rollout"] = out["vllm_weights"] + kv
+        out["vllm_kv_cache"] = kv
+        out["vllm_asleep"] = out["vllm_weights"]
+    else:
+        out["vllm_rollout"] = w.gpu_memory_utilization * gpu_gib * GIB
+        out["vllm_kv_cache"] = max(0.0, out["vllm_rollout"] - out["vllm_weights"] - 1.0 * GIB)
+        out["vllm_asleep"] = VLLM_ASLEEP_GIB * GIB if w.sleep_level else out["vllm_rollout"]
+    activations = out["activations_ckpt"] if w.gradient_checkpointing else out["activations_no_ckpt"]
+    out["peak_update"] = (
+        state + out["unsharded_layers"] + activations + out["logits"] + out["vllm_asleep"] + CONTEXT_GIB * GIB
+    )
+    out["peak_rollout"] = state + out["vllm_rollout"] + CONTEXT_GIB * GIB
+    return {k: v / GIB for k, v in out.items()}
+
+
+def kv_bytes_per_token(arch: Arch, tp: int) -> float:
+    """K and V of every layer for one token, bf16, on one GPU of a TP group."""
+    return 2.0 * arch.layers * arch.kv_heads * arch.head_dim * 2 / tp
+
+
+def step_flops(arch: Arch, w: Workload) -> dict[str, float]:
+    """Generation and update FLOPs of one whole step (all ranks), with bench/train_step.py's counts."""
+    from bench.train_step import ModelDims, StepWork, generation_flops, training_flops
+
+    body = arch.non_embedding_params()
+    dims = ModelDims(body, arch.hidden, arch.vocab, arch.layers, arch.heads * arch.head_dim)
+    prompts = w.samples_per_step // w.n
+    work = StepWork([w.prompt_tokens] * prompts, [w.response_tokens] * w.samples_per_step, w.n)
+    train = training_flops(dims, work, w.shared_prompts)
+    forward_only = train / 3.0 * (int(w.old_logprob_pass) + int(w.ref_pass))
+    return {"generation": generation_flops(dims, work), "update": train * w.epochs + forward_only}
+
+
+def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload:
+    algo, pol, r = cfg.algorithm, cfg.policy, cfg.rollout
+    mini = algo.ppo_mini_batch_size or cfg.data.prompts_per_step
+    updates = algo.ppo_epochs * (cfg.data.prompts_per_step // mini)
+    precision = "bf16" if pol.precision in ("bf16", "auto") else "fp32"  # auto picks bf16 on GPUs
+    return Workload(
+        world_size=cfg.world_size,
+        samples_per_step=cfg.data.prompts_per_step * r.n,
+        n=r.n,
+        prompt_tokens=plan_prompt_tokens or max(1, cfg.data.max_prompt_tokens // 2),
+        response_tokens=r.max_new_tokens,
+        micro_batch_tokens=pol.micro_batch_tokens,
+        updates_per_step=updates,
+        epochs=algo.ppo_epochs,
+        old_logprob_pass=updates > 1,
+        ref_pass=bool(algo.use_kl_loss or algo.use_kl_in_reward),
+        shared_prompts=bool(pol.share_prompts and not pol.pack_sequences),
+        compute_bytes=2 if precision == "bf16" else 4,
+        gradient_checkpointing=bool(pol.gradient_checkpointing),
+        cpu_offload=bool(pol.cpu_offload),
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=r.tensor_parallel_size,
+        sleep_level=r.sleep_level,
+        max_model_len=r.max_model_len,
+        engine="hf_generate" if str(r.engine.get("_target_", "")).endswith("HFEngine") else "vllm",
+    )
+
+
+def arch_of(model_path: str) -> tuple[Arch, str]:
+    """The architecture from the model folder's config.json, else from KNOWN_MODELS by name."""
+    from train.models import ModelNotFoundError, resolve_model_path
+
+    try:
+        folder = resolve_model_path(model_path)
+        return Arch.from_config(json.loads((Path(folder) / "config.json").read_text())), str(folder)
+    except (ModelNotFoundError, FileNotFoundError):
+        name = Path(model_path).name
+        if name in KNOWN_MODELS:
+            return Arch.from_config(KNOWN_MODELS[name]), f"{name} (published config; folder not here)"
+        raise SystemExit(
+            f"error: model.path={model_path!r}: no config.json there and not a known model "
+            f"({', '.join(KNOWN_MODELS)}): pass model.path=<HF folder>"
+        ) from None
+
+
+def problems(arch: Arch, w: Workload, mem: dict[str, float], gpu_gib: float) -> list[str]:
+    """Why the config cannot run, each with what to change (empty when it fits)."""
+    out = []
+    usable = gpu_gib
+    if mem["peak_rollout"] > usable:
+        room = usable - mem["peak_rollout"] + w.gpu_memory_utilization * gpu_gib
+        out.append(
+            f"rollout needs {mem['peak_rollout']:.1f} GiB > {usable:.1f} GiB: lower rollout.gpu_memory_utilization"
+            f" to <= {max(room, 0) / gpu_gib:.2f}, set policy.cpu_offload=true, or raise world_size"
+        )
+    if mem["peak_update"] > usable:
+        over = mem["peak_update"] - usable
+        fixes = []
+        if not w.gradient_checkpointing:
+            fixes.append(
+                f"policy.gradient_checkpointing=true (-{mem['activations_no_ckpt'] - mem['activations_ckpt']:.1f} GiB)"
+            )
+        per_token = (
+            mem["activations_ckpt" if w.gradient_checkpointing else "activations_no_ckpt"] + mem["logits"]
+        )
+        per_token /= w.micro_batch_tokens
+        fit = int((per_token * w.micro_batch_tokens - over) / per_token) if per_token else 0
+        if fit > 0:
+            fixes.append(f"policy.micro_batch_tokens<={fit}")
+        if not w.cpu_offload:
+            fixes.append("policy.cpu_offload=true")
+        if not w.sleep_level:
+            fixes.append("rollout.sleep_level=2")
+        fixes.append("a larger world_size")
+        out.append(f"update needs {mem['peak_update']:.1f} GiB > {usable:.1f} GiB: " + ", or ".join(fixes))
+    if mem["vllm_kv_cache"] <= 0:
+        out.append(
+            f"vLLM gets no KV cache: its {mem['vllm_rollout']:.1f} GiB do not cover the weights "
+            f"({mem['vllm_weights']:.1f} GiB): raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size"
+        )
+    else:
+        seq = w.max_model_len * kv_bytes_per_token(arch, w.tensor_parallel_size) / GIB
+        if seq > mem["vllm_kv_cache"]:
+            out.append(
+                f"vLLM's KV cache ({mem['vllm_kv_cache']:.1f} GiB) holds less than one sequence of "
+                f"rollout.max_model_len={w.max_model_len} ({seq:.1f} GiB): raise rollout.gpu_memory_utilization "
+                "or rollout.tensor_parallel_size"
+            )
+    return out
+
+
+def report(
+    cfg, gpu: str, mfu: float, rollout_mfu: float, prompt_tokens: int | None = None
+) -> tuple[str, bool]:
+    """The printed plan and whether the config fits."""
+    spec = GPUS[gpu]
+    arch, where = arch_of(cfg.model.path)
+    w = workload_from_config(cfg, prompt_tokens)
+    mem = memory(arch, w, spec["memory_gib"])
+    flops = step_flops(arch, w)
+    peak = (spec["bf16_tflops"] if w.compute_bytes == 2 else spec["fp32_tflops"]) * 1e12
+    t_update = flops["update"] / (w.world_size * peak * mfu)
+    t_gen = flops["generation"] / (w.world_size * peak * rollout_mfu)
+    kv_tokens = mem["vllm_kv_cache"] * GIB / kv_bytes_per_token(arch, w.tensor_parallel_size)
+    act = (
+        "activations with checkpointing" if w.gradient_checkpointing else "activations without checkpointing"
+    )
+    engine_label = (
+        f"vLLM at gpu_memory_utilization={w.gpu_memory_utilization:.2f}"
+        if w.engine == "vllm"
+        else "HF engine"
+    )
+    lines = [
+        f"plan: {cfg.experiment} on {w.world_size} x {gpu} ({spec['memory_gib']:.1f} GiB, "
+        f"{spec['bf16_tflops']:.0f} TFLOP/s bf16 dense each)",
+        f"model: {where}: {arch.params() / 1e9:.3f} B parameters ({arch.non_embedding_params() / 1e9:.3f} B "
+        f"non-embedding), {arch.layers} layers, hidden {arch.hidden}, vocab {arch.vocab}",
+        f"step: {w.samples_per_step} samples ({w.samples_per_step // w.n} prompts x {w.n}), planned at "
+        f"{w.prompt_tokens} prompt + {w.response_tokens} response tokens; {w.updates_per_step} update(s); "
+        f"{'bf16' if w.compute_bytes == 2 else 'fp32'} compute; micro-batch {w.micro_batch_tokens} tokens",
+        "",
+        "memory per GPU (GiB)",
+        row(
+            f"parameters fp32 (sharded 1/{w.world_size})",
+            mem["params_fp32"],
+            "cpu_offload: on the host" if w.cpu_offload else "",
+        ),
+        row("gradients fp32 (sharded)", mem["grads_fp32"]),
+        row("AdamW moments fp32 (sharded)", mem["adamw_fp32"]),
+        row("unsharded layers (2, compute dtype)", mem["unsharded_layers"]),
+        row(
+            "activations, no checkpointing",
+            mem["activations_no_ckpt"],
+            "" if w.gradient_checkpointing else "<- used",
+        ),
+        row(
+            "activations, with checkpointing",
+            mem["activations_ckpt"],
+            "<- used" if w.gradient_checkpointing else "",
+        ),
+        row("logits + their gradient", mem["logits"]),
+        row(
+            engine_label,
+            mem["vllm_rollout"],
+            f"weights {mem['vllm_weights']:.2f}, KV cache {mem['vllm_kv_cache']:.2f}"
+            + (
+                f" = {kv_tokens:,.0f} tokens = {kv_tokens / max(w.max_model_len, 1):.1f} sequences of {w.max_model_len}"
+                if w.engine == "vllm"
+                else ""
+            ),
+        ),
+        row(
+            f"engine in the update{'' if w.engine == 'hf_generate' else f' (sleep_level={w.sleep_level})'}",
+            mem["vllm_asleep"],
+        ),
+        row("peak in the rollout", mem["peak_rollout"]),
+        row("peak in the update", mem["peak_update"], act),
+        "",
+        f"FLOPs per step: generation {flops['generation'] / 1e12:,.1f} TFLOP, update {flops['update'] / 1e12:,.1f} TFLOP",
+        f"time per step: update {t_update:.3g} s at MFU {mfu:.2f} + generation {t_gen:.3g} s at MFU {rollout_mfu:.2f}"
+        f" = {t_update + t_gen:.3g} s ({(t_update + t_gen) * cfg.total_steps / 3600:.3g} h for {cfg.total_steps} steps)",
+    ]
+    bad = problems(arch, w, mem, spec["memory_gib"])
+    lines.append("")
+    lines += [f"DOES NOT FIT: {p}" for p in bad] if bad else ["fits"]
+    return "\n".join(lines), not bad
+
+
+def row(label: str, gib: float, note: str = "") -> str:
+    return f"  {label:<44}{gib:9.2f}" + (f"   {note}" if note else "")
+
+
+PLAN_KEYS = {"gpu": "h100", "mfu": "0.4", "rollout_mfu": "0.1", "prompt_tokens": ""}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from train.__main__ import parse_args
+    from train.config import ConfigError, build_config
+
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    own = {k: v for k, v in PLAN_KEYS.items()}
+    rest = []
+    for arg in argv:
+        key = arg.split("=", 1)[0]
+        if key in own and "=" in arg:
+            own[key] = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if own["gpu"] not in GPUS:
+        print(f"error: gpu={own['gpu']!r}: expected one of {', '.join(GPUS)}", file=sys.stderr)
+        return 2
+    experiment, preset, overrides = parse_args(rest)
+    try:
+        cfg = build_config(experiment, overrides, preset)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text, fits = report(
+        cfg, own["gpu"], float(own["mfu"]), float(own["rollout_mfu"]), int(own["prompt_tokens"] or 0) or None
+    )
+    print(text)
+    return 0 if fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The planner's figures on hand-computed cases, against published parameter counts, and its refusals."""
+
+import pytest
+
+from bench.plan import GIB, KNOWN_MODELS, Arch, Workload, main, memory, problems
+
+TINY = Arch(hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True)
+
+
+def _workload(**kw) -> Workload:
+    base = dict(
+        world_size=2, samples_per_step=8, n=4, prompt_tokens=3, response_tokens=5, micro_batch_tokens=10,
+        updates_per_step=1, epochs=1, old_logprob_pass=False, ref_pass=False, shared_prompts=False,
+        compute_bytes=2, gradient_checkpointing=False, cpu_offload=False, gpu_memory_utilization=0.5,
+        tensor_parallel_size=1, sleep_level=2, max_model_len=16,
+    )  # fmt: skip
+    base.update(kw)
+    return Workload(**base)
+
+
+def test_parameter_count_by_hand_and_published():
+    # q 4x4 + k,v 2x(4x2) + o 4x4 + MLP 3x4x8 + 2 norms x 4 = 152 per layer; 2 layers + embedding 40 + norm 4
+    assert TINY.layer_params() == 152 and TINY.params() == 2 * 152 + 40 + 4
+    # SmolLM2-135M: 134,515,008 parameters in transformers; Qwen3-4B card: 4.0 B, 3.6 B non-embedding
+    assert Arch.from_config(KNOWN_MODELS["SmolLM2-135M-Instruct"]).params() == 134_515_008
+    qwen = Arch.from_config(KNOWN_MODELS["Qwen3-4B-Base"])
+    assert round(qwen.params() / 1e9, 1) == 4.0 and round(qwen.non_embedding_params() / 1e9, 1) == 3.6
+
+
+def test_memory_components_by_hand():
+    mem = {k: v * GIB for k, v in memory(TINY, _workload(), gpu_gib=1.0).items()}
+    P = 348
+    assert mem["params_fp32"] == pytest.approx(4 * P / 2) and mem["grads_fp32"] == pytest.approx(4 * P / 2)
+    assert mem["adamw_fp32"] == pytest.approx(8 * P / 2)
+    assert mem["unsharded_layers"] == pytest.approx(2 * 152 * 2)
+    # per token per layer: (4h + 4 q_dim + 4 kv_dim + 4 I) x 2 bytes = (16 + 16 + 8 + 32) x 2 = 144
+    assert mem["activations_no_ckpt"] == pytest.approx(10 * 2 * 144)
+    assert mem["activations_ckpt"] == pytest.approx(10 * 2 * 4 * 2 + 10 * 144)  # layer inputs + one layer
+    assert mem["logits"] == pytest.approx(2 * 10 * 10 * 2)
+    assert mem["vllm_rollout"] == pytest.approx(0.5 * GIB) and mem["vllm_asleep"] == pytest.approx(GIB)
+    offloaded = memory(TINY, _workload(cpu_offload=True), gpu_gib=1.0)
+    assert offloaded["params_fp32"] == offloaded["adamw_fp32"] == 0.0
+
+
+def test_refuses_what_cannot_fit_and_names_the_fix():
+    w = _workload(micro_batch_tokens=10**9, gpu_memory_utilization=0.1)  # activations ~270 GiB
+    bad = problems(TINY, w, memory(TINY, w, 40.0), 40.0)
+    assert len(bad) == 1 and bad[0].startswith("update needs")
+    assert "policy.gradient_checkpointing=true" in bad[0] and "policy.micro_batch_tokens<=" in bad[0]
+    greedy = _workload(gpu_memory_utilization=0.9)  # 0.9 x 4 GiB + the CUDA context > 4 GiB
+    assert "lower rollout.gpu_memory_utilization" in problems(TINY, greedy, memory(TINY, greedy, 4.0), 4.0)[0]
+    ok = _workload(gpu_memory_utilization=0.3)
+    assert problems(TINY, ok, memory(TINY, ok, 80.0), 80.0) == []
+
+
+def test_cli_plans_the_paper_presets_and_refuses_without_checkpointing(capsys):
+    assert main(["experiment=darling_math", "preset=paper", "gpu=h100"]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen3-4B-Base" in out and "fits" in out and "peak in the update" in out
+    assert main(["experiment=darling_math", "preset=paper", "policy.gradient_checkpointing=false"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    assert main(["experiment=grpo_math", "gpu=tpu"]) == 2

@@ -1,0 +1,80 @@
+"""Sharded DCP checkpoints: saved at 2 ranks, resumed at 1 with the same weights and AdamW state; the
+streamed HF export holds exactly the trained weights and loads in transformers."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from train.models import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _torchrun(world: int, model, folder, mode: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           str(PROJECT_ROOT / "tests" / "sharded_worker.py"), str(model), str(folder), mode]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sharded")
+    _torchrun(2, tiny_model, folder, "save")
+    return folder
+
+
+def test_each_rank_writes_its_own_shard_and_no_temporary_folder_is_left(saved):
+    files = sorted(p.name for p in (saved / "sharded").iterdir())
+    assert ".metadata" in files and "__0_0.distcp" in files and "__1_0.distcp" in files
+    assert not [p for p in saved.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_saved_at_two_ranks_resumes_at_one_with_the_same_weights_and_optimizer_state(tiny_model, saved):
+    _torchrun(1, tiny_model, saved, "load")
+    expected = torch.load(saved / "expected.pt", weights_only=False)
+    loaded = torch.load(saved / "loaded-1.pt", weights_only=False)
+    initial = _initial_weights(tiny_model)
+    moved = 0
+    for name, w in expected["weights"].items():
+        torch.testing.assert_close(loaded["weights"][name], w, rtol=0, atol=0, msg=name)
+        moved += int(not torch.equal(w, initial[name]))
+    assert moved > 0, "the step changed no weight: the comparison would prove nothing"
+    exp_state, got_state = expected["optim"]["state"], loaded["optim"]["state"]
+    assert set(exp_state) == set(got_state) and exp_state
+    for key, entry in exp_state.items():
+        for field in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(got_state[key][field], entry[field], rtol=0, atol=0)
+
+
+def test_hf_export_equals_the_trained_weights_and_loads_in_transformers(saved):
+    from transformers import AutoModelForCausalLM
+
+    expected = torch.load(saved / "expected.pt", weights_only=False)["weights"]
+    assert (saved / "hf" / "model.safetensors.index.json").is_file()  # 1 MB shards: several files
+    model = AutoModelForCausalLM.from_pretrained(saved / "hf", dtype=torch.float32)
+    got = model.state_dict()
+    for name, w in expected.items():
+        torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+
+
+def test_loading_a_folder_that_is_not_a_checkpoint_names_it(tiny_model, tmp_path, dist_group):
+    from train.policy.fsdp import Policy
+    from train.policy.sharded_state import load_sharded
+
+    policy = Policy(tiny_model, pad_id=0)
+    with pytest.raises(FileNotFoundError, match="not a sharded checkpoint"):
+        load_sharded(policy, tmp_path)
+
+
+def _initial_weights(model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()

@@ -1,0 +1,132 @@
+"""The vLLM engine's device settings, weight-sync bucketing and TP groups (the CPU-testable parts)."""
+
+import os
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from train.config import build_config
+from train.rollout.vllm_engine import (
+    _share_in_group,
+    bucketed,
+    engine_device_kwargs,
+    engine_kwargs,
+    tp_groups,
+)
+
+
+def test_device_settings_follow_where_the_engine_runs():
+    cpu = engine_kwargs("cpu", "float32", seed=1, max_model_len=512, world_size=1, gpu_memory_utilization=0.3)
+    assert cpu["enforce_eager"] is True and cpu["enable_chunked_prefill"] is False
+    assert "gpu_memory_utilization" not in cpu and "enable_sleep_mode" not in cpu
+    assert "distributed_executor_backend" not in cpu and "tensor_parallel_size" not in cpu
+    gpu = engine_kwargs(
+        "cuda", "bfloat16", 1, 512, world_size=4, gpu_memory_utilization=0.3, tensor_parallel_size=2
+    )
+    assert gpu["enforce_eager"] is False  # CUDA graphs on by default on GPU
+    assert gpu["gpu_memory_utilization"] == 0.3 and gpu["enable_sleep_mode"] is True
+    assert gpu["tensor_parallel_size"] == 2 and gpu["distributed_executor_backend"] == "external_launcher"
+    assert "enable_chunked_prefill" not in gpu and gpu["dtype"] == "bfloat16"
+    eager = engine_kwargs("cuda", "bfloat16", 1, 512, 1, sleep_level=0, enforce_eager=True)
+    assert eager["enforce_eager"] is True and eager["enable_sleep_mode"] is False
+
+
+def test_bad_settings_name_the_key():
+    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=3 must divide world_size=4"):
+        engine_kwargs("cuda", "bfloat16", 1, 512, world_size=4, tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="rollout.gpu_memory_utilization"):
+        engine_kwargs("cuda", "bfloat16", 1, 512, 1, gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="rollout.sleep_level"):
+        engine_kwargs("cuda", "bfloat16", 1, 512, 1, sleep_level=3)
+
+
+def test_rollout_config_keys_reach_the_engine_arguments():
+    cfg = build_config(
+        overrides=[
+            "world_size=4", "data.prompts_per_step=8", "rollout.gpu_memory_utilization=0.35",
+            "rollout.tensor_parallel_size=2", "rollout.sleep_level=1", "rollout.enforce_eager=true",
+        ]
+    )  # fmt: skip
+    kwargs = engine_device_kwargs(cfg.rollout)
+    assert kwargs == {
+        "gpu_memory_utilization": 0.35, "tensor_parallel_size": 2, "sleep_level": 1, "enforce_eager": True,
+    }  # fmt: skip
+    llm = engine_kwargs("cuda", "bfloat16", 1, 512, world_size=4, **kwargs)
+    assert llm["gpu_memory_utilization"] == 0.35 and llm["tensor_parallel_size"] == 2
+    assert llm["enable_sleep_mode"] is True and llm["enforce_eager"] is True
+    with pytest.raises(Exception, match="tensor_parallel_size must divide world_size"):
+        build_config(overrides=["world_size=2", "data.prompts_per_step=8", "rollout.tensor_parallel_size=4"])
+
+
+def test_tp_groups_are_consecutive_ranks():
+    assert tp_groups(8, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert tp_groups(4, 4) == [[0, 1, 2, 3]] and tp_groups(3, 1) == [[0], [1], [2]]
+    with pytest.raises(ValueError):
+        tp_groups(6, 4)
+
+
+def test_bucketing_streams_without_holding_the_whole_model():
+    alive = weakref.WeakSet()
+    taken = []
+
+    def parameters():  # like Policy.full_weights: one gathered fp32 tensor at a time
+        for i in range(10):
+            t = torch.full((256,), float(i))  # 1 KiB in fp32, 512 B in bf16
+            alive.add(t)
+            taken.append(i)
+            yield f"p{i}", t
+
+    seen = []
+    for bucket in bucketed(parameters(), max_bytes=1536, dtype=torch.bfloat16):
+        assert sum(t.numel() * t.element_size() for _, t in bucket) <= 1536
+        assert all(t.dtype == torch.bfloat16 for _, t in bucket)
+        # the source has been read only up to this bucket (plus the one tensor that did not fit)
+        assert len(taken) <= len(seen) + len(bucket) + 1
+        assert len(alive) <= 1  # the fp32 originals are dropped as soon as they are cast
+        seen += [name for name, _ in bucket]
+        del bucket
+    assert seen == [f"p{i}" for i in range(10)]
+    big = list(bucketed([("a", torch.zeros(1000)), ("b", torch.zeros(10))], max_bytes=100))
+    assert [[n for n, _ in b] for b in big] == [["a"], ["b"]]  # a tensor over the bucket size goes alone
+
+
+def _share_worker(rank: int, world: int, init: str, out) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    groups = [dist.new_group(r) for r in tp_groups(world, 2)]
+    group = groups[rank // 2]
+    requests = [f"r{rank}-{i}" for i in range(rank + 1)]  # ranks hold different numbers of requests
+    params = [100 * rank + i for i in range(rank + 1)]
+    all_requests, all_params, mine = _share_in_group(requests, params, group)
+    out.put((rank, all_requests, all_params, all_requests[mine], all_params[mine]))
+    dist.destroy_process_group()
+
+
+def test_a_tp_group_generates_all_its_ranks_requests_and_each_keeps_its_own(tmp_path):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    procs = [ctx.Process(target=_share_worker, args=(r, 4, init, out)) for r in range(4)]
+    for p in procs:
+        p.start()
+    results = {r: rest for r, *rest in (out.get(timeout=120) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+    assert results[0][0] == results[1][0] == ["r0-0", "r1-0", "r1-1"]  # group [0, 1], rank order
+    assert results[2][0] == ["r2-0", "r2-1", "r2-2", "r3-0", "r3-1", "r3-2", "r3-3"]
+    for rank, (_, _, own_requests, own_params) in results.items():
+        assert own_requests == [f"r{rank}-{i}" for i in range(rank + 1)]
+        assert own_params == [100 * rank + i for i in range(rank + 1)]  # each request keeps its seed
+
+
+@pytest.mark.slow
+def test_a_cpu_engine_starts_with_its_device_settings(vllm_engine):
+    assert vllm_engine.device_type == "cpu" and vllm_engine.sleep_level == 0
+    config = vllm_engine.llm.llm_engine.vllm_config
+    assert config.model_config.enforce_eager is True
+    assert config.scheduler_config.enable_chunked_prefill is False
+    vllm_engine.sleep()  # a no-op on CPU: generation goes on
+    assert vllm_engine.asleep is False

@@ -1,0 +1,152 @@
+"""`policy.precision=auto|fp32|bf16`: which compute dtype the policy (and the rollout engine) use.
+
+`bf16` means mixed precision: fp32 master weights, gradients reduced in fp32 and an fp32 optimizer,
+with the forward and backward matmuls in bf16 (FSDP2 `MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)`). It pays only where bf16 matrix products are faster: on GPUs (tensor cores) and on
+CPUs with AVX512-BF16/AMX; on AVX2-only CPUs torch's bf16 matmul is a slow fallback (measured 100x slower
+than fp32 on this project's first CI machine). `auto` therefore measures both rates for a fraction of a
+second at start and takes bf16 only when it multiplies at least `BF16_MIN_SPEEDUP` times faster. Every
+rank measures; the ranks agree on the summed rates, so all shard the model the same way.
+
+The measurement is kept in `$RLPOST_CACHE/precision/<machine key>.json` (CPU model or GPU name, thread
+count, torch version) and reused: runs on one machine, a resumed run included, all make the same choice
+even when another process loads the CPUs during one of them. Delete the file to measure again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+PRECISIONS = ("auto", "fp32", "bf16")
+ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # the rollout engine computes in the policy's dtype
+BF16_MIN_SPEEDUP = 1.2  # below this the bf16 rounding is not worth it
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    precision: str  # fp32 | bf16
+    requested: str  # auto | fp32 | bf16
+    device: str  # cpu | cuda
+    fp32_flops: float | None  # measured square-matmul FLOP/s (None when not measured)
+    bf16_flops: float | None
+
+    @property
+    def engine_dtype(self) -> str:
+        return ENGINE_DTYPES[self.precision]
+
+    def describe(self) -> str:
+        rates = ""
+        if self.fp32_flops and self.bf16_flops:
+            rates = (
+                f" (matmul on {self.device}: fp32 {self.fp32_flops / 1e9:.0f} GFLOP/s, "
+                f"bf16 {self.bf16_flops / 1e9:.0f} GFLOP/s, {self.bf16_flops / self.fp32_flops:.2f}x)"
+            )
+        return f"policy.precision={self.requested} -> {self.precision}{rates}"
+
+    def as_params(self) -> dict[str, object]:
+        """What a tracker logs once per run."""
+        out: dict[str, object] = {"policy.precision_resolved": self.precision}
+        if self.fp32_flops and self.bf16_flops:
+            out["perf.matmul_fp32_gflops"] = round(self.fp32_flops / 1e9, 1)
+            out["perf.matmul_bf16_gflops"] = round(self.bf16_flops / 1e9, 1)
+        return out
+
+
+def choose(fp32_flops: float, bf16_flops: float, min_speedup: float = BF16_MIN_SPEEDUP) -> str:
+    """bf16 when it multiplies at least `min_speedup` times faster than fp32, else fp32."""
+    return "bf16" if bf16_flops >= min_speedup * fp32_flops else "fp32"
+
+
+def matmul_flops_per_s(dtype: torch.dtype, device: torch.device, size: int, min_time_s: float) -> float:
+    """Sustained square-matmul rate (FLOP/s) on `device`: the best of 3 timed runs of >= min_time_s each."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.mm(a, b)  # warm-up (kernel selection, lazy init)
+    sync()
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        reps += 1
+        if reps % 4 == 0 or device.type != "cuda":
+            sync()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_time_s:
+                return 2.0 * size**3 * reps / elapsed
+
+
+def machine_key(device_type: str) -> str:
+    """What the two rates depend on: the processor (or GPU), the thread count and torch's version."""
+    if device_type == "cuda":
+        what = torch.cuda.get_device_name()
+    else:
+        what = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    what = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        what += f"-{torch.get_num_threads()}threads"
+    digest = hashlib.sha1(f"{what}|{torch.__version__}".encode()).hexdigest()[:12]
+    return f"{device_type}-{digest}"
+
+
+def _cache_file(device_type: str) -> Path:
+    from train.models import cache_dir
+
+    return cache_dir() / "precision" / f"{machine_key(device_type)}.json"
+
+
+@cache
+def _measure(device_type: str) -> tuple[float, float]:
+    """(fp32, bf16) FLOP/s: the best of 5 alternating trials each (so a load spike hits both), kept on disk."""
+    path = _cache_file(device_type)
+    try:
+        kept = json.loads(path.read_text())
+        return float(kept["fp32_flops"]), float(kept["bf16_flops"])
+    except (OSError, ValueError, KeyError):
+        pass
+    device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else None
+    device = device or torch.device("cpu")
+    size, seconds = (4096, 0.05) if device.type == "cuda" else (512, 0.06)
+    fp32 = bf16 = 0.0
+    for _trial in range(5):
+        fp32 = max(fp32, matmul_flops_per_s(torch.float32, device, size, seconds))
+        bf16 = max(bf16, matmul_flops_per_s(torch.bfloat16, device, size, seconds))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"fp32_flops": fp32, "bf16_flops": bf16, "measured": time.time()}))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: measure again next time
+        pass
+    return fp32, bf16
+
+
+def resolve_precision(requested: str, device: torch.device) -> PrecisionChoice:
+    """The precision to train in. Collective when torch.distributed is initialised and requested=auto."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"policy.precision={requested!r}: expected one of {', '.join(PRECISIONS)}")
+    if requested != "auto":
+        return PrecisionChoice(requested, requested, device.type, None, None)
+    fp32, bf16 = _measure(device.type)
+    from train.policy.distributed import all_reduce_sum
+
+    fp32, bf16 = all_reduce_sum(fp32), all_reduce_sum(bf16)  # one decision for all ranks
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    return PrecisionChoice(choose(fp32, bf16), "auto", device.type, fp32 / world, bf16 / world)
