@@ -36,7 +36,7 @@ check-pins:  ## prove each backend extra resolves from the registry (pip --dry-r
 	$(PYTHON) bench/check_pins.py $(if $(EXTRAS),--extras $(EXTRAS))
 
 plan: setup  ## per-GPU memory and step time of an experiment: make plan EXP=darling_math OVERRIDES="preset=paper gpu=h100"
-	$(PY) -m bench.plan experiment=$(EXP) $(OVERRIDES)
+	$(PY) -m train.plan experiment=$(EXP) $(OVERRIDES)
 
 model: setup  ## convert the embedded default model once (also done on first use)
 	$(PY) -m train.models

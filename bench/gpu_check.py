@@ -6,7 +6,7 @@ Runs on a GPU or the CPU (whatever torch sees), without MLflow. Per step it prin
 reward, grad norm, the update's time, its FLOPs (bench/train_step.py's count for the tokens actually trained,
 shared prompts included) and MFU against the device's dense peak (GPU datasheet; on CPU the measured
 matmul rate of the chosen precision), and the peak GPU memory allocated during the update beside the
-planner's prediction for the same config (bench/plan.py, same prompt/response lengths as measured).
+planner's prediction for the same config (train/plan.py, same prompt/response lengths as measured).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from bench.train_step import ModelDims, StepWork, model_dims, training_flops
+from bench.train_step import model_dims
+from train.flops import ModelDims, StepWork, training_flops
 from train.stages.grpo import GRPOTrainer
 
 
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
 
-    from bench.plan import GPUS, arch_of, memory, workload_from_config
     from train.config import build_config
+    from train.plan import GPUS, arch_of, memory, workload_from_config
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as run_dir:
         overrides = [

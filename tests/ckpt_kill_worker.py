@@ -5,7 +5,7 @@ the new train/checkpoint.py at the same spot).
     python tests/ckpt_kill_worker.py MODEL RUN_DIR STEP KEEP_LAST POINT PAUSE_FILE
 
 POINT:
-- `write`: mid-write of the temporary folder (HF folder written, trainer state not yet);
+- `write`: mid-write of the temporary folder (its first shard file being written, trainer state not yet);
 - `rename`: just before the temporary folder is renamed to the step folder (after any fsync); the
   fsyncs made so far are listed in PAUSE_FILE;
 - `remove`: inside the removal of an old step folder (replacing the same step, or pruning with
@@ -37,11 +37,10 @@ class _Policy:  # what save_checkpoint reads from a policy (as tests/conftest.py
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 
-    def full_state_dict(self):
-        return self.model.state_dict()
+    optimizer = None  # model shards only
 
-    def optimizer_state(self):
-        return {}
+    def full_weights(self):
+        return self.model.named_parameters()
 
 
 def pause(pause_file: Path, point: str, **info) -> None:

@@ -66,11 +66,10 @@ def make_checkpoint(tiny_model, dist_group):
             opt = torch.optim.SGD(model.parameters(), lr=0.0)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 
-        def full_state_dict(self):
-            return self.model.state_dict()
+        optimizer = None  # model shards only
 
-        def optimizer_state(self):
-            return {}
+        def full_weights(self):
+            return self.model.named_parameters()
 
     def make(run_dir: Path, step: int, seed: int = 0) -> Path:
         torch.manual_seed(seed)

@@ -1,18 +1,21 @@
 """Run under torchrun by test_sharded_state.py.
 
-save DIR: one optimizer step on a fixed batch (this rank's half), then the sharded checkpoint, the HF
-export, and (rank 0) the full trained weights and optimizer state gathered the old way, for comparison.
-load DIR: a fresh policy at this world size loads the sharded checkpoint and dumps what it holds.
+save DIR: one optimizer step on a fixed batch (this rank's half), then a checkpoint as training writes
+it (train/checkpoint.py: DCP shards + HF export), a bf16 export in 1 MB shards, and (rank 0) the full
+trained weights and optimizer state gathered the old way, for comparison.
+load DIR: a fresh policy at this world size resumes from the checkpoint and dumps what it holds.
 """
 
 import sys
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
+from train import checkpoint as ckpt
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
-from train.policy.sharded_state import export_hf, load_sharded, save_sharded
+from train.policy.sharded_state import export_hf
 
 
 def _loss(mb, log_probs, entropy):
@@ -29,14 +32,16 @@ def main(model: str, folder: str, mode: str) -> None:
         responses = [torch.randint(10, 4000, (5,), generator=g).tolist() for _ in range(8)]
         share = slice(rank * 8 // world, (rank + 1) * 8 // world)
         policy.train_step(prompts[share], responses[share], _loss, with_entropy=False)
-        save_sharded(policy, out / "sharded")
-        export_hf(policy, out / "hf", dtype="float32", shard_mb=1)  # 1 MB shards: the index path runs
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        ckpt.save_checkpoint(out / "run", 1, policy, tokenizer, {"step": 1}, source_model=model)
+        export_hf(policy, out / "hf-bf16", dtype="bfloat16", shard_mb=1)  # 1 MB shards: the index path runs
         weights = policy.full_state_dict()
         optim = policy.optimizer_state()
         if rank == 0:
             torch.save({"weights": weights, "optim": optim}, out / "expected.pt")
     else:
-        load_sharded(policy, out / "sharded")
+        step = ckpt.latest_checkpoint(out / "run")
+        ckpt.restore_policy(step, policy, ckpt.load_trainer_state(step), rank)
         weights = policy.full_state_dict()
         optim = policy.optimizer_state()
         if rank == 0:

@@ -139,7 +139,8 @@ def test_kl_in_reward_per_token_adaptive_coefficient_and_gamma(tiny_model, dist_
     assert first["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)  # the coefficient is logged
     # step 1 measured KL 0 (policy = reference): error -1 -> clipped -0.2, n/horizon = 6/6
     expected = adaptive_kl_coef(0.1, first["actor/reward_kl_penalty"], 1e-6, 6, 6)
-    assert first["actor/reward_kl_penalty"] == 0 and expected == pytest.approx(0.08)
+    assert first["actor/reward_kl_penalty"] == pytest.approx(0, abs=1e-5)  # bf16 autocast: not bit-exact
+    assert expected == pytest.approx(0.08)
     assert second["actor/reward_kl_penalty_coeff"] == pytest.approx(expected)
     assert second["actor/reward_kl_penalty"] > 0 and trainer.kl_ctrl.value > expected  # KL above target
     ctx = seen[1]  # step 2: the policy has moved from the reference, so KL is in every token's reward
@@ -241,13 +242,13 @@ def test_ppo_with_critic_warmup_checkpoint_and_resume(tiny_model, dist_group, tm
     saved = {k: v.clone() for k, v in trainer.critic.full_weights()}
     trainer.close()
     latest = ckpt.latest_checkpoint(tmp_path / "run")
-    state = ckpt.load_critic_state(latest)
-    assert set(state) == {"model", "optimizer", "scheduler"} and "score.weight" in state["model"]
+    assert (latest / ckpt.CRITIC / ".metadata").is_file()  # the value model's own DCP shards
+    assert "critic_scheduler" in ckpt.load_trainer_state(latest)
     resumed = GRPOTrainer(_cfg(tiny_model, tmp_path, *over, "resume=true", "total_steps=3"))
     assert resumed.start_step == 2
     for k, v in resumed.critic.full_weights():
         assert torch.equal(v, saved[k]), k
     assert resumed.critic.optimizer.state  # Adam moments restored, not fresh
     resumed.close()
-    with pytest.raises(ckpt.CheckpointError, match="no critic.pt"):
-        ckpt.load_critic_state(tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match="no critic/"):
+        ckpt.restore_critic(tmp_path, None, {})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.plan import GIB, KNOWN_MODELS, Arch, Workload, main, memory, problems
+from train.plan import GIB, KNOWN_MODELS, Arch, Workload, main, memory, problems
 
 TINY = Arch(hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True)
 

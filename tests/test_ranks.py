@@ -83,3 +83,36 @@ def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, mo
     TrainPoint()(OmegaConf.to_yaml(cfg))  # before: "world_size=2 but 1 ranks were started"
     status = read_status(tmp_path / "point")
     assert status["state"] == "done" and "train/reward_mean" in status["metrics"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, monkeypatch, dist_group):
+    """Each of 2 ranks writes its own DCP shards; a 1-rank job resumes them (resharded) and trains on."""
+    import torch
+    from safetensors.torch import load_file
+
+    from train import checkpoint as ckpt
+    from train.launch.job import TrainPoint
+    from train.stages.grpo import GRPOTrainer
+
+    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    TrainPoint()(OmegaConf.to_yaml(_cfg(tiny_model, tmp_path / "point")))
+    step = ckpt.latest_checkpoint(tmp_path / "point")
+    shards = {p.name for p in (step / ckpt.STATE).iterdir()}
+    assert {"__0_0.distcp", "__1_0.distcp"} <= shards and ckpt.read_meta(step)["world_size"] == 2
+
+    cfg = _cfg(tiny_model, tmp_path / "point")
+    cfg.world_size, cfg.resume, cfg.total_steps = 1, True, 2
+    trainer = GRPOTrainer(cfg)
+    try:
+        assert trainer.start_step == 1
+        saved = load_file(ckpt.hf_dir(step) / "model.safetensors")
+        for name, tensor in trainer.policy.full_weights():
+            if name in saved:
+                assert torch.equal(tensor, saved[name]), name
+        assert trainer.policy.optimizer.state  # the AdamW moments came back, not fresh ones
+        out = trainer.step(2)
+        assert out["actor/grad_norm"] > 0
+    finally:
+        trainer.close()

@@ -1,5 +1,6 @@
-"""Sharded DCP checkpoints: saved at 2 ranks, resumed at 1 with the same weights and AdamW state; the
-streamed HF export holds exactly the trained weights and loads in transformers."""
+"""Sharded DCP checkpoints as training writes them (train/checkpoint.py): saved at 2 ranks, each writing its
+own shards, resumed at 1 with the same weights and AdamW state; the streamed HF export holds exactly the
+trained weights (fp32, or cast to bf16 in several files) and loads in transformers."""
 
 import os
 import subprocess
@@ -31,9 +32,17 @@ def saved(tiny_model, tmp_path_factory):
 
 
 def test_each_rank_writes_its_own_shard_and_no_temporary_folder_is_left(saved):
-    files = sorted(p.name for p in (saved / "sharded").iterdir())
+    from train import checkpoint as ckpt
+
+    step = ckpt.latest_checkpoint(saved / "run")
+    assert step == ckpt.step_dir(saved / "run", 1) and ckpt.is_complete(step)
+    files = sorted(p.name for p in (step / ckpt.STATE).iterdir())
     assert ".metadata" in files and "__0_0.distcp" in files and "__1_0.distcp" in files
-    assert not [p for p in saved.iterdir() if p.name.startswith(".tmp-")]
+    manifest = ckpt.read_meta(step)[ckpt.MANIFEST]
+    assert f"{ckpt.STATE}/__1_0.distcp" in manifest  # rank 1's file counts for completeness
+    assert ckpt.read_meta(step)["world_size"] == 2
+    assert not [p for p in ckpt.checkpoints_root(saved / "run").iterdir() if p.name.startswith(".")]
+    assert "optimizer" not in ckpt.load_trainer_state(step)  # AdamW state lives in the shards only
 
 
 def test_saved_at_two_ranks_resumes_at_one_with_the_same_weights_and_optimizer_state(tiny_model, saved):
@@ -53,15 +62,23 @@ def test_saved_at_two_ranks_resumes_at_one_with_the_same_weights_and_optimizer_s
             torch.testing.assert_close(got_state[key][field], entry[field], rtol=0, atol=0)
 
 
-def test_hf_export_equals_the_trained_weights_and_loads_in_transformers(saved):
+@pytest.mark.parametrize("export", ["checkpoint", "bf16"])
+def test_hf_export_equals_the_trained_weights_and_loads_in_transformers(saved, export):
     from transformers import AutoModelForCausalLM
 
+    from train import checkpoint as ckpt
+
     expected = torch.load(saved / "expected.pt", weights_only=False)["weights"]
-    assert (saved / "hf" / "model.safetensors.index.json").is_file()  # 1 MB shards: several files
-    model = AutoModelForCausalLM.from_pretrained(saved / "hf", dtype=torch.float32)
+    if export == "checkpoint":  # the step's own hf/, in the master weights' dtype
+        folder, dtype = ckpt.hf_dir(ckpt.step_dir(saved / "run", 1)), torch.float32
+        assert (folder / "tokenizer.json").is_file()
+    else:  # cast to bf16, 1 MB files: the index path
+        folder, dtype = saved / "hf-bf16", torch.bfloat16
+        assert (folder / "model.safetensors.index.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     got = model.state_dict()
     for name, w in expected.items():
-        torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(got[name], w.to(dtype), rtol=0, atol=0, msg=name)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
 
 

@@ -1,13 +1,17 @@
-"""Checkpoints: `<run_dir>/checkpoints/step_000010/{hf/, trainer_state.pt, meta.json}`.
+"""Checkpoints: `<run_dir>/checkpoints/step_000010/{hf/, state/, trainer_state.pt, meta.json}`.
 
 This module is the one owner of that layout: every other module (loops, pipeline, model resolution,
 evals, watchers) asks it for a step's folder, its HF folder, completeness, the latest or the list, and
 never spells `hf`, `meta.json` or the step folder's name itself.
 
 `hf/` is a plain HF model folder (config, safetensors, tokenizer) that vLLM, transformers and the
-eval packages read directly. `critic.pt` (PPO with a critic only) holds the value model's full weights,
-optimizer and scheduler state. `trainer_state.pt` holds what resuming needs (optimizer, scheduler, RNG
-states of every rank, step, data position, MLflow run id).
+eval packages read directly, streamed out one gathered parameter at a time, in `save_hf_dtype`
+(float32: the master weights; bfloat16: half the bytes). `state/` is the policy's model and optimizer
+state as `torch.distributed.checkpoint` shards: every rank writes its own slices (no rank ever holds the
+whole model or AdamW state), and a job of any world size reads them back resharded. `critic/` (PPO with
+a critic only) holds the value model's the same way. `trainer_state.pt` holds the rest of what resuming
+needs (schedulers, RNG states of every rank, step, data position, MLflow run id). Steps written before
+sharding (optimizer inside `trainer_state.pt`, `critic.pt`) still resume.
 
 Surviving kill -9 and power loss:
 - a checkpoint is written under a temporary name (`.tmp-step_N-<id>`); its `meta.json` is written last and
@@ -48,7 +52,9 @@ MANIFEST = "files"  # meta.json key: {relative path: size in bytes} of every fil
 TMP = ".tmp-"  # a checkpoint being written: .tmp-step_000010-<id>
 TRASH = ".trash-"  # a checkpoint being deleted: .trash-step_000010-<id>
 LEGACY_FILES = (f"{HF}/config.json", f"{HF}/model.safetensors", TRAINER_STATE)  # steps without a manifest
-CRITIC = "critic.pt"  # PPO with a critic: the value model's weights, optimizer and schedule
+STATE = "state"  # DCP shards of the policy's model and optimizer (every rank writes its own)
+CRITIC = "critic"  # PPO with a critic: DCP shards of the value model and its optimizer
+LEGACY_CRITIC = "critic.pt"  # the same, full, as written before sharding
 
 
 class CheckpointError(RuntimeError):
@@ -260,61 +266,42 @@ def save_checkpoint(
     source_model: str | Path | None = None,
     critic=None,
     fsync: bool = True,
+    hf_dtype: str = "float32",
 ) -> Path | None:
-    """Collective: every rank calls it. Rank 0 writes; returns the checkpoint path on rank 0.
+    """Collective: every rank calls it and writes its own shards; rank 0 writes the rest and commits.
+    Returns the checkpoint path on rank 0.
 
-    `critic` (a `train.policy.critic.Critic`, or None) is saved beside the policy (`load_critic_state`).
+    `critic` (a `train.policy.critic.Critic`, or None) is saved beside the policy (`restore_critic`).
     `fsync=False` only to measure what the fsyncs cost (a power loss may then leave a bad step)."""
     import torch
-    from safetensors.torch import save_file
 
     from train.policy.distributed import all_gather_objects, barrier
+    from train.policy.sharded_state import export_hf, save_sharded
 
-    model_state = policy.full_state_dict()
-    optim_state = policy.optimizer_state()
-    critic_state = (
-        None
-        if critic is None
-        else {
-            "model": critic.full_state_dict(),
-            "optimizer": critic.optimizer_state(),
-            "scheduler": critic.scheduler.state_dict(),
-        }
-    )
     rngs = all_gather_objects(rng_state())
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    final = checkpoints_root(run_dir) / step_name(step)
+    root = checkpoints_root(run_dir)
+    final = root / step_name(step)
+    tmp = root / f"{TMP}{step_name(step)}-{all_gather_objects(uuid.uuid4().hex[:8])[0]}"  # rank 0's name
     if rank == 0:
-        root = checkpoints_root(run_dir)
         root.mkdir(parents=True, exist_ok=True)
         clean_stale(run_dir)
-        tmp = root / f"{TMP}{step_name(step)}-{uuid.uuid4().hex[:8]}"
-        hf = hf_dir(tmp)
-        hf.mkdir(parents=True)
-        config = policy.config
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        tensors = {
-            k: v.detach().contiguous() for k, v in model_state.items() if not (tied and k == "lm_head.weight")
-        }
-        save_file(tensors, hf / "model.safetensors", metadata={"format": "pt"})
-        config.use_cache = True
-        config.save_pretrained(hf)
-        config.use_cache = False
-        tokenizer.save_pretrained(hf)
-        if source_model is not None and (Path(source_model) / "generation_config.json").is_file():
-            shutil.copy(Path(source_model) / "generation_config.json", hf / "generation_config.json")
-        torch.save(
-            {
-                "optimizer": optim_state,
-                "scheduler": policy.scheduler.state_dict(),
-                "rng": rngs,
-                **trainer_state,
-            },
-            tmp / TRAINER_STATE,
-        )
-        if critic_state is not None:
-            torch.save(critic_state, tmp / CRITIC)
-        meta = {"step": step, "time": time.time(), "world_size": len(rngs)}
+        tmp.mkdir()
+    barrier()
+    save_sharded(policy, tmp / STATE)
+    if critic is not None:
+        save_sharded(critic, tmp / CRITIC)
+    generation_config = Path(source_model) / "generation_config.json" if source_model is not None else None
+    export_hf(
+        policy, hf_dir(tmp), tokenizer, dtype=hf_dtype,
+        extra_files=(generation_config,) if generation_config is not None else (),
+    )  # fmt: skip
+    if rank == 0:
+        schedulers = {"scheduler": policy.scheduler.state_dict()}
+        if critic is not None:
+            schedulers["critic_scheduler"] = critic.scheduler.state_dict()
+        torch.save({**schedulers, "rng": rngs, **trainer_state}, tmp / TRAINER_STATE)
+        meta = {"step": step, "time": time.time(), "world_size": len(rngs), "hf_dtype": hf_dtype}
         meta.update({k: v for k, v in trainer_state.items() if isinstance(v, (int, float, str))})
         _commit(tmp, final, meta, fsync=fsync)
         _atomic_write(root / LATEST, final.name, fsync=fsync)
@@ -323,6 +310,41 @@ def save_checkpoint(
                 remove_checkpoint(old)
     barrier()
     return final if rank == 0 else None
+
+
+def restore_policy(checkpoint: str | Path, policy, trainer_state: dict, rank: int = 0) -> None:
+    """Resume `policy` (built from the checkpoint's architecture, at any world size) from `checkpoint`:
+    model and optimizer from the shards (the fp32 master weights, whatever dtype `hf/` was exported in),
+    the schedule from the trainer state. Collective."""
+    from train.policy.sharded_state import load_sharded
+
+    state_dir = Path(checkpoint) / STATE
+    if state_dir.is_dir():
+        load_sharded(policy, state_dir)
+        policy.scheduler.load_state_dict(trainer_state["scheduler"])
+    else:  # a step written before sharding: full optimizer state in the trainer state, weights in hf/
+        policy.load_optimizer_state(
+            trainer_state["optimizer"] if rank == 0 else {}, trainer_state["scheduler"]
+        )
+
+
+def restore_critic(checkpoint: str | Path, critic, trainer_state: dict, rank: int = 0) -> None:
+    """Resume the value model saved with `checkpoint` (CheckpointError if it has none: the run was not
+    PPO with a critic). Collective."""
+    from train.policy.sharded_state import load_sharded
+
+    p = Path(checkpoint)
+    if (p / CRITIC).is_dir():
+        load_sharded(critic, p / CRITIC)
+        critic.scheduler.load_state_dict(trainer_state["critic_scheduler"])
+        return
+    if not (p / LEGACY_CRITIC).is_file():
+        raise CheckpointError(f"checkpoint {p} has no {CRITIC}/: it was not saved by a run with a critic")
+    import torch
+
+    saved = torch.load(p / LEGACY_CRITIC, map_location="cpu", weights_only=False)
+    critic.load_model_state(saved["model"] if rank == 0 else {})
+    critic.load_optimizer_state(saved["optimizer"] if rank == 0 else {}, saved["scheduler"])
 
 
 def resume_point(run_dir: str | Path, warn=print) -> tuple[Path, dict] | None:
@@ -356,14 +378,3 @@ def load_trainer_state(ckpt: str | Path) -> dict:
         raise CheckpointError(
             f"checkpoint {path} is unreadable ({exc}); delete it to resume from an older one"
         ) from exc
-
-
-def load_critic_state(ckpt: str | Path) -> dict:
-    """The critic's {"model", "optimizer", "scheduler"} saved with checkpoint `ckpt` (CheckpointError if
-    it has none: the run was not PPO with a critic)."""
-    path = Path(ckpt) / CRITIC
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {ckpt} has no {CRITIC}: it was not saved by a run with a critic")
-    import torch
-
-    return torch.load(path, map_location="cpu", weights_only=False)

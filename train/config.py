@@ -144,6 +144,7 @@ class RunConfig:
     total_steps: int = 20  # optimizer steps (GRPO: rollout steps)
     save_every: int = 10  # checkpoint every N steps (and at the end); 0 = only at the end
     keep_last: int | None = 2  # checkpoints kept, >= 1 (null = all)
+    save_hf_dtype: str = "float32"  # each checkpoint's hf/ export: float32 | bfloat16 (resuming reads state/)
     resume: bool = False  # continue from <run_dir>/checkpoints/latest in the same MLflow run
     val_every: int = 0  # held-out validation before training, every N steps and at the end, val/* (0 = off)
     log_every: int = 1
@@ -313,6 +314,10 @@ def validate_run(cfg: DictConfig) -> None:
             (
                 cfg.keep_last is None or cfg.keep_last >= 1,
                 f"keep_last={cfg.keep_last} must be >= 1 (or null = keep all)",
+            ),
+            (
+                cfg.save_hf_dtype in ("float32", "bfloat16"),
+                f"save_hf_dtype={cfg.save_hf_dtype!r} must be float32 or bfloat16",
             ),
             (cfg.val_every >= 0, f"val_every={cfg.val_every} must be >= 0 (0 = off)"),
             (cfg.log_every >= 1, f"log_every={cfg.log_every} must be >= 1"),

@@ -94,11 +94,13 @@ class TrainingLoop:
         self.policy = self._build_policy()
         self.print(self.policy.precision_choice.describe())
         self.setup()
-        if self.state:  # optimizer, schedule and this rank's RNG
-            self.policy.load_optimizer_state(
-                self.state["optimizer"] if self.rank == 0 else {}, self.state["scheduler"]
-            )
-            ckpt.set_rng_state(self.state["rng"][self.rank])
+        if self.state:  # weights, optimizer, schedule (at any world size) and this rank's RNG
+            ckpt.restore_policy(latest, self.policy, self.state, self.rank)
+            rngs = self.state["rng"]
+            if self.rank < len(rngs):
+                ckpt.set_rng_state(rngs[self.rank])
+            else:  # resumed on more ranks than saved it: the new ranks keep their seeded streams
+                self.print(f"rank {self.rank}: no saved RNG state ({len(rngs)} ranks saved); seeded afresh")
             self.restore(self.state)
         self.tracker, self.run_id = self._start_tracking()
 
@@ -187,7 +189,7 @@ class TrainingLoop:
         }
         path = ckpt.save_checkpoint(
             self.run_dir, step, self.policy, self.tokenizer, state, keep_last=self.cfg.keep_last,
-            source_model=self.model_path, critic=self.critic,
+            source_model=self.model_path, critic=self.critic, hf_dtype=self.cfg.save_hf_dtype,
         )  # fmt: skip
         if path is not None:
             self.tracker.record_checkpoint(step, path.resolve())

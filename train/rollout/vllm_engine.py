@@ -274,7 +274,9 @@ class VLLMEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.device_type != "cuda":
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+            dtype = self.weight_dtype  # cast one tensor at a time: never a second full copy
+            cast = ((name, t.to(dtype)) for name, t in named_tensors)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
             self.llm.collective_rpc(_retie_lm_head)
         else:
             if self.asleep:

@@ -67,7 +67,7 @@ def make_actor_loss_fn(
     def loss_fn(mb, log_probs, entropy):
         R, rows, dev = log_probs.shape[1], mb.rows, log_probs.device  # rows index these CPU tensors
         if seen_lp is not None:
-            seen_lp[rows, :R] = (log_probs.detach() * mb.response_mask).to(seen_lp.device)
+            seen_lp[rows, :R] = (log_probs.detach() * mb.response_mask).cpu()
         loss_mask = mask[rows, :R].to(dev)
 
         def pg_loss_fn(old, new, a, m):
@@ -248,9 +248,7 @@ class GRPOTrainer(TrainingLoop):
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
         self.extra_gen_batches = int(state.get("extra_gen_batches", 0))
         if self.critic is not None:
-            saved = ckpt.load_critic_state(self.latest_checkpoint)
-            self.critic.load_model_state(saved["model"] if self.rank == 0 else {})
-            self.critic.load_optimizer_state(saved["optimizer"] if self.rank == 0 else {}, saved["scheduler"])
+            ckpt.restore_critic(self.latest_checkpoint, self.critic, state, self.rank)
 
     @property
     def estimator(self) -> registry.Entry:

@@ -1,4 +1,4 @@
-"""`python -m bench.plan experiment=X [preset=paper] [world_size=N] [gpu=h100|h200|a100-80g] [key=value ...]`
+"""`python -m train.plan experiment=X [preset=paper] [world_size=N] [gpu=h100|h200|a100-80g] [key=value ...]`
 
 Per-GPU memory and step time of a training config, before a GPU is ever asked for. Refuses (exit status 1)
 a config that cannot fit and names what to change. Formulas (bytes per GPU; P parameters, W ranks):
@@ -165,7 +165,7 @@ def kv_bytes_per_token(arch: Arch, tp: int) -> float:
 
 def step_flops(arch: Arch, w: Workload) -> dict[str, float]:
     """Generation and update FLOPs of one whole step (all ranks), with bench/train_step.py's counts."""
-    from bench.train_step import ModelDims, StepWork, generation_flops, training_flops
+    from train.flops import ModelDims, StepWork, generation_flops, training_flops
 
     body = arch.non_embedding_params()
     dims = ModelDims(body, arch.hidden, arch.vocab, arch.layers, arch.heads * arch.head_dim)
