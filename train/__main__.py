@@ -27,18 +27,9 @@ FLAGS = ("-h", "--help", "help", "--validate")
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
-    experiment = preset = None
-    overrides = []
-    for arg in argv:
-        if arg in FLAGS:
-            continue
-        if arg.startswith("experiment="):
-            experiment = arg.split("=", 1)[1]
-        elif arg.startswith("preset="):
-            preset = arg.split("=", 1)[1]
-        else:
-            overrides.append(arg)
-    return experiment, preset, overrides
+    from train.config import split_cli
+
+    return split_cli([a for a in argv if a not in FLAGS])
 
 
 def main(argv: list[str] | None = None) -> int:

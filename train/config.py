@@ -206,6 +206,20 @@ def load_experiment(name: str) -> DictConfig:
     return OmegaConf.load(experiment_file(name))
 
 
+def split_cli(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """`experiment=X preset=Y key=value ...` -> (experiment, preset, the overrides), as every CLI takes them."""
+    experiment = preset = None
+    overrides = []
+    for arg in argv:
+        if arg.startswith("experiment="):
+            experiment = arg.split("=", 1)[1]
+        elif arg.startswith("preset="):
+            preset = arg.split("=", 1)[1]
+        else:
+            overrides.append(arg)
+    return experiment, preset, overrides
+
+
 def build_config(
     experiment: str | None = None, overrides: list[str] | None = None, preset: str | None = None
 ) -> DictConfig:

@@ -352,8 +352,7 @@ PLAN_KEYS = {"gpu": "h100", "mfu": "0.4", "rollout_mfu": "0.1", "prompt_tokens":
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.__main__ import parse_args
-    from train.config import ConfigError, build_config
+    from train.config import ConfigError, build_config, split_cli
 
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
@@ -370,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     if own["gpu"] not in GPUS:
         print(f"error: gpu={own['gpu']!r}: expected one of {', '.join(GPUS)}", file=sys.stderr)
         return 2
-    experiment, preset, overrides = parse_args(rest)
+    experiment, preset, overrides = split_cli(rest)
     try:
         cfg = build_config(experiment, overrides, preset)
     except ConfigError as exc:
