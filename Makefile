@@ -88,10 +88,10 @@ bench-train: setup $(BENCH_STAMP)
 	$(PY) -m bench.train_step $(OVERRIDES)
 
 leaderboard: setup  ## tables from MLflow under reports/ (EXP= to restrict; PER=checkpoint: a row per checkpoint; BY=arm: a row per arm)
-	$(PY) -m analysis.leaderboard $(if $(filter command line,$(origin EXP)),--experiment $(EXP)) $(if $(PER),--per $(PER)) $(if $(BY),--by $(BY)) --out reports
+	$(PY) -m analysis.leaderboard $(if $(filter command line,$(origin EXP)),--experiment $(EXP)) $(if $(PER),--per $(PER)) $(if $(BY),--by $(BY)) $(if $(SWEEP),--sweep $(SWEEP)) --out reports
 
-report: setup  ## static HTML comparison report: reports/<EXP>/index.html
-	$(PY) -m analysis.report --experiment $(EXP) --out reports/$(EXP)
+report: setup  ## static HTML comparison report: reports/<EXP>/index.html (the newest sweep; SWEEP=<id>|all for others)
+	$(PY) -m analysis.report --experiment $(EXP) $(if $(SWEEP),--sweep $(SWEEP)) --out reports/$(EXP)
 
 bench-evals: setup $(BENCH_STAMP)  ## math500 subset: this eval harness vs lm-evaluation-harness (HF backend)
 	$(PY) -m bench.evals_harness $(OVERRIDES)

@@ -198,9 +198,34 @@ def comparisons(table: pd.DataFrame, metrics: list[str], order: list[str]) -> li
     return out
 
 
+ALL_SWEEPS = "all"
+
+
+def select_runs(table: pd.DataFrame, sweep: str | None = None) -> pd.DataFrame:
+    """Pure: the runs a comparison reads, one per (arm, pair).
+
+    `sweep=None`: the newest sweep's runs when any run belongs to a sweep (a later sweep of the same
+    experiment with another config, or a longer variant, never mixes into it); `"all"` (or a sweep id,
+    already filtered by the store): every run. Either way a point run twice (resubmitted, or repeated in
+    two sweeps) counts once: its newest run."""
+    if table.empty:
+        return table
+    if sweep is None and "sweep" in table and (table["sweep"] != "").any():
+        tagged = table[table["sweep"] != ""].sort_values("start_time", kind="stable")
+        table = table[table["sweep"] == tagged["sweep"].iloc[-1]]
+    keys = [k for k in ("arm", "pair") if k in table]
+    return (
+        table.sort_values("start_time", kind="stable")
+        .drop_duplicates(keys, keep="last")
+        .reset_index(drop=True)
+    )
+
+
 def load_arm_runs(
     experiment: str, sweep: str | None = None, uri: str | None = None
 ) -> tuple[pd.DataFrame, dict]:
-    """`store.load_runs` with `arm` and `pair` columns and the arms the experiment declares."""
+    """`store.load_runs` with `arm` and `pair` columns and the arms the experiment declares, selected by
+    `select_runs` (default: the newest sweep; `sweep="all"`: every run; else that sweep id)."""
     arms = experiment_arms(experiment)
-    return with_arms(load_runs(experiment, sweep=sweep, uri=uri), arms), arms
+    runs = load_runs(experiment, sweep=None if sweep in (None, ALL_SWEEPS) else sweep, uri=uri)
+    return select_runs(with_arms(runs, arms), sweep), arms

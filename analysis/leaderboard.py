@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.arms import arm_order, arm_summary, load_arm_runs
+from analysis.arms import ALL_SWEEPS, arm_order, arm_summary, load_arm_runs
 from analysis.store import AnalysisError, checkpoint_table, load_runs, metric_columns
 
 DEFAULT_PREFIXES = ("eval/", "val/", "train/accuracy", "train/reward_mean")
@@ -205,7 +205,7 @@ def leaderboard(
             raise AnalysisError("--by arm needs an experiment: make leaderboard EXP=<name> BY=arm")
         runs, arms = load_arm_runs(experiment, sweep=sweep, uri=uri)
         return by_arm(runs, arms, metrics)
-    runs = load_runs(experiment, sweep=sweep, uri=uri)
+    runs = load_runs(experiment, sweep=None if sweep == ALL_SWEEPS else sweep, uri=uri)
     if per == "checkpoint":
         return build(checkpoint_table(runs, uri), metrics, label="checkpoint")
     return build(runs, metrics, label="run")
@@ -214,7 +214,11 @@ def leaderboard(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.leaderboard", description=__doc__.split("\n")[0])
     p.add_argument("--experiment", "-e", default=None, help="MLflow experiment name (default: all)")
-    p.add_argument("--sweep", default=None, help="only the runs of this sweep id (tag rlpost.sweep)")
+    p.add_argument(
+        "--sweep",
+        default=None,
+        help="a sweep id (tag rlpost.sweep) or `all`; default: every run, and with --by arm the newest sweep's",
+    )
     p.add_argument("--per", choices=["run", "checkpoint"], default="run")
     p.add_argument(
         "--by", choices=["run", "arm"], default="run", help="arm: one row per arm, mean over seeds"

@@ -157,7 +157,7 @@ def build_report(experiment: str, out_dir: Path, sweep: str | None = None, uri: 
     if runs.empty:
         sections.append(("No runs", "<p>The experiment has no runs yet.</p>"))
     page = out_dir / "index.html"
-    page.write_text(_page(experiment, runs, sections, uri))
+    page.write_text(_page(experiment, runs, sections, uri, sweep))
     return page
 
 
@@ -222,6 +222,15 @@ def _arm_sections(experiment, runs, arms, order, out_dir, fig_dir, uri) -> list[
     return sections
 
 
+def _selection(runs: pd.DataFrame, sweep: str | None) -> str:
+    sweeps = sorted({s for s in runs.get("sweep", []) if s})
+    if sweep is None and len(sweeps) == 1:
+        return f"sweep {sweeps[0]}, the newest; --sweep all: every run"
+    if not sweeps:
+        return "runs outside sweeps"
+    return f"sweeps {', '.join(sweeps)}; the newest run per arm and seed"
+
+
 def _per_seed(table: pd.DataFrame, metric: str, first: str, other: str) -> str:
     a = table[table["arm"] == first].set_index("pair")[metric] if metric in table else pd.Series(dtype=float)
     b = table[table["arm"] == other].set_index("pair")[metric] if metric in table else pd.Series(dtype=float)
@@ -261,7 +270,13 @@ def _figs(names: list[str]) -> str:
     )
 
 
-def _page(experiment: str, runs: pd.DataFrame, sections: list[tuple[str, str]], uri: str | None) -> str:
+def _page(
+    experiment: str,
+    runs: pd.DataFrame,
+    sections: list[tuple[str, str]],
+    uri: str | None,
+    sweep: str | None = None,
+) -> str:
     body = "\n".join(f"<h2>{html.escape(title)}</h2>\n{content}" for title, content in sections)
     groups = ", ".join(sorted(set(runs["group"]))) if not runs.empty else "-"
     if "arm" in runs and not runs.empty:
@@ -271,7 +286,7 @@ def _page(experiment: str, runs: pd.DataFrame, sections: list[tuple[str, str]], 
 <style>{CSS}</style></head>
 <body>
 <h1>{html.escape(experiment)}</h1>
-<p class="meta">{len(runs)} runs; groups: {html.escape(groups)}; store {html.escape(uri or tracking_uri())};
+<p class="meta">{len(runs)} runs ({html.escape(_selection(runs, sweep))}); groups: {html.escape(groups)}; store {html.escape(uri or tracking_uri())};
 built {datetime.now().isoformat(timespec="seconds")}</p>
 {body}
 <script>{LOAD_CHECK}</script>
@@ -282,7 +297,9 @@ built {datetime.now().isoformat(timespec="seconds")}</p>
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n")[0])
     p.add_argument("--experiment", "-e", required=True, help="MLflow experiment name (e.g. darling_math)")
-    p.add_argument("--sweep", default=None, help="only the runs of this sweep id")
+    p.add_argument(
+        "--sweep", default=None, help="a sweep id, or `all` for every run (default: the newest sweep's runs)"
+    )
     p.add_argument("--out", default=None, help="output folder (default reports/<experiment>)")
     args = p.parse_args(argv)
     try:

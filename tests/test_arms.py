@@ -160,3 +160,43 @@ def test_headline_metrics_order():
         "val/accuracy", "val/pass_at_2", "val/pass_at_10", "val/distinct_k", "eval/math/acc",
         "train/accuracy@first5", "train/accuracy@last5",
     ]  # fmt: skip
+
+
+def test_select_runs_takes_the_newest_sweep_and_one_run_per_arm_and_seed():
+    t = pd.to_datetime
+    table = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c", "d", "e"],
+            "sweep": ["old", "old", "new", "new", ""],
+            "arm": ["DARLING", "GRPO", "DARLING", "DARLING", "GRPO"],
+            "pair": ["1", "1", "1", "1", "2"],
+            "start_time": [
+                t("2026-01-01"),
+                t("2026-01-02"),
+                t("2026-02-01"),
+                t("2026-02-02"),
+                t("2026-03-01"),
+            ],
+        }
+    )
+    # default: the newest sweep only (the untagged run is not a sweep), "d" re-ran "c"'s point
+    assert list(A.select_runs(table)["run_id"]) == ["d"]
+    # every run: one per (arm, pair), the newest
+    assert sorted(A.select_runs(table, "all")["run_id"]) == ["b", "d", "e"]
+    assert list(A.select_runs(table[table["sweep"] == ""])["run_id"]) == ["e"]  # no sweeps at all
+
+
+def test_a_second_sweep_of_the_experiment_does_not_mix_into_the_report(store, tmp_path):
+    darling_vs_grpo_store()  # sweep s1
+    for combine, value in (("multiplicative", 0.9), ("quality", 0.1)):  # s2: another config, seed 1 only
+        point = {"reward.combine": combine, "seed": 1}
+        log_run("darling_math", f"{combine}-again", point, {"train/accuracy": [value]}, sweep="s2")
+    newest, _ = load_arm_runs("darling_math")
+    assert sorted(newest["train/accuracy"]) == [0.1, 0.9] and set(newest["sweep"]) == {"s2"}
+    first, _ = load_arm_runs("darling_math", sweep="s1")
+    assert len(first) == 4 and set(first["sweep"]) == {"s1"}
+    every, _ = load_arm_runs("darling_math", sweep="all")
+    assert len(every) == 4 and sorted(every["sweep"]) == ["s1", "s1", "s2", "s2"]  # seed 1 re-run: once
+    for sweep in (None, "all"):  # before: duplicate (arm, seed) rows broke the per-seed column
+        page = build_report("darling_math", tmp_path / f"rep-{sweep}", sweep=sweep).read_text()
+        assert "The question" in page
