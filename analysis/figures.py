@@ -19,8 +19,17 @@ def _colours(groups: list[str]) -> dict[str, str]:
     return {g: cycle[i % len(cycle)] for i, g in enumerate(sorted(set(groups)))}
 
 
+def _window(history: pd.DataFrame, key: str, smooth: int) -> int:
+    """`smooth` for a curve logged every step; 1 (the points as logged) for a sparse one such as val/* at
+    step 0 and the end, where a rolling mean would blend the start into the final value."""
+    steps = history.loc[history["key"] == key, "step"].drop_duplicates().sort_values()
+    dense = len(steps) > 1 and steps.diff().dropna().max() <= 1
+    return smooth if smooth > 1 and dense else 1
+
+
 def curves(history: pd.DataFrame, runs: pd.DataFrame, key: str, smooth: int = 1):
-    """One line per run of `key` against step (rolling mean over `smooth` steps)."""
+    """One line per run of `key` against step (rolling mean over `smooth` steps if logged every step)."""
+    smooth = _window(history, key, smooth)
     fig, ax = plt.subplots(figsize=(6, 3.6))
     colours = _colours(list(runs["group"]))
     for _, run in runs.iterrows():
@@ -43,6 +52,8 @@ def arm_curves(history: pd.DataFrame, runs: pd.DataFrame, key: str, order: list[
     """One line per arm of `key` against step: the mean over the arm's runs (seeds) with a band, the 95%
     t interval over those runs at each step (none where an arm has one run). `runs` needs an `arm` column."""
     from analysis.arms import t_interval
+
+    smooth = _window(history, key, smooth)
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -110,3 +110,22 @@ def test_report_writes_page_and_figures(store, tmp_path):
     assert "diversity_quality.png" in imgs and "novelty_distinct.png" in imgs
     assert all(f'src="fig/{name}"' in text for name in imgs)
     assert "http://" not in text and "https://" not in text  # opens offline
+
+
+def test_a_sparse_curve_is_drawn_as_logged_and_a_per_step_one_smoothed():
+    from analysis import figures
+
+    hist = pd.DataFrame(
+        {
+            "run_id": ["r"] * 6,
+            "key": ["val/accuracy"] * 2 + ["train/accuracy"] * 4,
+            "step": [0, 30, 1, 2, 3, 4],
+            "value": [0.5, 0.9, 0.0, 1.0, 0.0, 1.0],
+        }
+    )
+    runs = pd.DataFrame({"run_id": ["r"], "run_name": ["r"], "group": ["g"], "arm": ["A"]})
+    val = figures.arm_curves(hist, runs, "val/accuracy", ["A"], smooth=3)
+    assert list(val.axes[0].lines[0].get_ydata()) == [0.5, 0.9]  # not (0.5 + 0.9) / 2 at step 30
+    assert "rolling" not in val.axes[0].get_title()
+    train = figures.curves(hist, runs, "train/accuracy", smooth=3)
+    assert list(train.axes[0].lines[0].get_ydata()) == pytest.approx([0.0, 0.5, 1 / 3, 2 / 3])
