@@ -77,7 +77,9 @@ def arm_curves(history: pd.DataFrame, runs: pd.DataFrame, key: str, order: list[
         )
     ax.set_xlabel("step")
     ax.set_ylabel(key)
-    ax.set_title(key + (f" (rolling mean {smooth})" if smooth > 1 else "") + ", band: 95% CI over seeds")
+    ax.set_title(
+        key + (f" (rolling mean {smooth})" if smooth > 1 else "") + ", band: 95% CI over seeds", fontsize=9
+    )
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)
