@@ -22,7 +22,7 @@ a config that cannot fit and names what to change. Formulas (bytes per GPU; P pa
   `rollout.sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB assumed) stays.
 
 FLOPs: 2·N per generated or prefilled token, 6·N per trained token (Kaplan et al. 2020), N = non-embedding
-parameters plus the LM head, and causal attention terms (bench/train_step.py's counts); the step time is those
+parameters plus the LM head, and causal attention terms (train/flops.py); the step time is those
 FLOPs over W GPUs at a stated MFU (`mfu` for the update, `rollout_mfu` for generation, which is
 bandwidth-bound in decode and runs far below the update's MFU).
 """
