@@ -38,8 +38,9 @@ def _overrides(model: Path, run_dir: Path, steps: int) -> list[str]:
         f"model.path={model}", f"run_dir={run_dir}", f"total_steps={steps}", "save_every=2", "keep_last=2",
         "reward._target_=tests.rewards_for_tests.VowelShareReward", "data.prompts_per_step=4", "rollout.n=4",
         "rollout.max_new_tokens=12", "optim.lr=1e-3", "data.builtin_size=64", "seed=3",
-        # bit-exact resume is the claim under test, and it holds in fp32; under bf16 (what auto picks on an
-        # AVX512-BF16 CPU) a resumed run matched steps 1-3 and drifted at step 4 (reward 0.3315 vs 0.3311)
+        # run A shares the session's fp32 vLLM engine, so both runs train in fp32 (in bf16, what auto picks on
+        # an AVX512-BF16 CPU, B's own engine would compute in bf16 and A's not); resume is bit-exact in bf16
+        # too when both sides build their own engine (4 steps, every compared metric equal)
         "policy.precision=fp32",
     ]  # fmt: skip
 

@@ -33,7 +33,7 @@ from train.algorithms.losses import actor_loss, apply_kl_in_reward, global_norma
 from train.algorithms.rollout_correction import masked_is_mask, mismatch_metrics, truncated_is_weights
 from train.config import train_schema, validate
 from train.data import PromptSampler, encode_prompts
-from train.loop import TrainingLoop, build_engine, run_loop
+from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
 from train.rewards.base import RewardResult
@@ -235,6 +235,12 @@ class GRPOTrainer(TrainingLoop):
         if self.engine is None:
             self.engine = build_engine(cfg, self.weights, self.policy.precision)
         else:  # a shared engine may hold other weights: start it from this policy's
+            want = getattr(torch, engine_dtype(cfg, self.policy.precision))
+            have = getattr(self.engine, "weight_dtype", getattr(self.engine, "dtype", want))
+            if have != want:  # its samples then differ from a run that builds its own engine
+                self.print(
+                    f"the shared rollout engine computes in {have}, not the {want} this policy's precision asks for"
+                )
             self.engine.update_weights(self.policy.full_weights())
 
     @property
