@@ -60,3 +60,24 @@ def test_cli_plans_the_paper_presets_and_refuses_without_checkpointing(capsys):
     assert main(["experiment=darling_math", "preset=paper", "policy.gradient_checkpointing=false"]) == 1
     assert "DOES NOT FIT" in capsys.readouterr().out
     assert main(["experiment=grpo_math", "gpu=tpu"]) == 2
+
+
+def test_sharded_state_matches_zero_figure_1():
+    """ZeRO (Rajbhandari et al. 2020), Figure 1: a 7.5 B-parameter model trained with mixed-precision Adam over
+    64 GPUs needs 120 GB of model state per GPU unsharded and 1.9 GB with parameters, gradients and optimizer
+    state all partitioned (P_os+g+p: 16 bytes x 7.5 B / 64). FSDP2 full sharding is that partitioning."""
+    arch = Arch(
+        hidden=4096,
+        intermediate=11008,
+        layers=36,
+        heads=32,
+        kv_heads=32,
+        head_dim=128,
+        vocab=26147,
+        tied=False,
+    )
+    assert arch.params() == pytest.approx(7.5e9, rel=1e-3)
+    for world, published_gb in ((1, 120.0), (64, 1.9)):
+        mem = memory(arch, _workload(world_size=world), gpu_gib=80.0)
+        state_gb = (mem["params_fp32"] + mem["grads_fp32"] + mem["adamw_fp32"]) * GIB / 1e9
+        assert state_gb == pytest.approx(published_gb, rel=0.02), world
