@@ -1,26 +1,16 @@
 """FSDP2 on CPU (gloo): a 2-rank update computes the 1-rank update's gradient for the same batch."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from train.models import PROJECT_ROOT
+from tests.torchrun import run_worker
 
 pytestmark = pytest.mark.slow
 
 
 def _update(model, tmp_path, world: int, mode: str) -> dict:
     out = tmp_path / f"w{world}-{mode}.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           str(PROJECT_ROOT / "tests" / "fsdp_worker.py"), str(model), str(out), mode]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker("fsdp_worker.py", world, str(model), str(out), mode)
     return torch.load(out)
 
 

@@ -2,26 +2,16 @@
 own shards, resumed at 1 with the same weights and AdamW state; the streamed HF export holds exactly the
 trained weights (fp32, or cast to bf16 in several files) and loads in transformers."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from train.models import PROJECT_ROOT
+from tests.torchrun import run_worker
 
 pytestmark = pytest.mark.slow
 
 
 def _torchrun(world: int, model, folder, mode: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           str(PROJECT_ROOT / "tests" / "sharded_worker.py"), str(model), str(folder), mode]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_worker("sharded_worker.py", world, str(model), str(folder), mode)
 
 
 @pytest.fixture(scope="module")
