@@ -233,51 +233,22 @@ POLICY_LOSS_KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 
-@register_policy_loss("gspo", knobs=POLICY_LOSS_KNOBS["gspo"])
-def gspo_entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-    """``algorithm.policy_loss_mode=gspo``."""
-    return gspo_loss(
-        old_log_prob, log_prob, advantages, response_mask, cfg.clip_ratio_low, cfg.clip_ratio_high
-    )
+def _table_entry(name: str, loss_fn):
+    """The method-table entry of ``algorithm.policy_loss_mode=<name>``: `loss_fn` called with its knobs,
+    read from the algorithm config by the same names (a knob is the loss function's keyword argument)."""
+    knobs = POLICY_LOSS_KNOBS[name]
+
+    def entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
+        return loss_fn(old_log_prob, log_prob, advantages, response_mask, **{k: getattr(cfg, k) for k in knobs})
+
+    entry.__name__ = entry.__qualname__ = f"{name}_entry"
+    entry.__doc__ = f"``algorithm.policy_loss_mode={name}``: ``{loss_fn.__name__}`` with its knobs."
+    return register_policy_loss(name, knobs=knobs)(entry)
 
 
-@register_policy_loss("clip_cov", knobs=POLICY_LOSS_KNOBS["clip_cov"])
-def clip_cov_entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-    """``algorithm.policy_loss_mode=clip_cov``."""
-    return clip_cov_loss(
-        old_log_prob,
-        log_prob,
-        advantages,
-        response_mask,
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-        cfg.clip_cov_ratio,
-        cfg.clip_cov_lb,
-        cfg.clip_cov_ub,
-    )
-
-
-@register_policy_loss("kl_cov", knobs=POLICY_LOSS_KNOBS["kl_cov"])
-def kl_cov_entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-    """``algorithm.policy_loss_mode=kl_cov``."""
-    return kl_cov_loss(old_log_prob, log_prob, advantages, response_mask, cfg.kl_cov_ratio, cfg.ppo_kl_coef)
-
-
-@register_policy_loss("cispo", knobs=POLICY_LOSS_KNOBS["cispo"])
-def cispo_entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-    """``algorithm.policy_loss_mode=cispo``."""
-    return cispo_loss(
-        old_log_prob, log_prob, advantages, response_mask, cfg.clip_ratio_low, cfg.clip_ratio_high
-    )
-
-
-@register_policy_loss("gpg", knobs=POLICY_LOSS_KNOBS["gpg"])
-def gpg_entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-    """``algorithm.policy_loss_mode=gpg``."""
-    return gpg_loss(old_log_prob, log_prob, advantages, response_mask)
-
-
-@register_policy_loss("sapo", knobs=POLICY_LOSS_KNOBS["sapo"])
-def sapo_entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-    """``algorithm.policy_loss_mode=sapo``."""
-    return sapo_loss(old_log_prob, log_prob, advantages, response_mask, cfg.tau_pos, cfg.tau_neg)
+gspo_entry = _table_entry("gspo", gspo_loss)
+clip_cov_entry = _table_entry("clip_cov", clip_cov_loss)
+kl_cov_entry = _table_entry("kl_cov", kl_cov_loss)
+cispo_entry = _table_entry("cispo", cispo_loss)
+gpg_entry = _table_entry("gpg", gpg_loss)
+sapo_entry = _table_entry("sapo", sapo_loss)
