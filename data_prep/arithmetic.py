@@ -17,14 +17,12 @@ The same numbers with different wording therefore never appear on both sides.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from data_prep.schema import extra_info_of, make_row, write_parquet
+from data_prep.schema import extra_info_of, make_row, splits_parser, write_parquet
 
 DATA_SOURCE = "arithmetic"
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -207,13 +205,7 @@ def parse_difficulties(text: str) -> dict[int, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out", type=Path, required=True, help="directory for train.parquet and test.parquet"
-    )
-    parser.add_argument("--train-size", type=int, default=5000)
-    parser.add_argument("--test-size", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = splits_parser(__doc__, train_size=5000, test_size=500)
     parser.add_argument(
         "--difficulties",
         type=parse_difficulties,

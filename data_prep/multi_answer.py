@@ -34,14 +34,12 @@ prompts never appear in training, whatever the seed. ``python -m data_prep.multi
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-from data_prep.schema import extra_info_of, make_row, write_parquet
+from data_prep.schema import extra_info_of, make_row, splits_parser, write_parquet
 
 DATA_SOURCE = "multi_answer"
 INSTRUCTION = "Give only the number as your answer."
@@ -214,13 +212,7 @@ def generate(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out", type=Path, required=True, help="directory for train.parquet and test.parquet"
-    )
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--test-size", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = splits_parser(__doc__, train_size=2000, test_size=200)
     parser.add_argument(
         "--families",
         default=None,

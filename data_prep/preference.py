@@ -20,7 +20,6 @@ worked solution of data_prep/sft_math.py as ``chosen`` and the same steps ending
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -33,7 +32,7 @@ import pyarrow.parquet as pq
 
 from data_prep import arithmetic
 from data_prep.jsonl import get_field, get_optional, iter_jsonl
-from data_prep.schema import ROLES, DatasetError, extra_info_of
+from data_prep.schema import ROLES, DatasetError, extra_info_of, splits_parser
 from data_prep.sft_math import worked_solution
 from data_prep.sycophancy import wrong_answer
 
@@ -187,13 +186,7 @@ def arithmetic_pairs(n: int, seed: int, split: str = "train") -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out", type=Path, required=True, help="directory for train.parquet and test.parquet"
-    )
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--test-size", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = splits_parser(__doc__, train_size=2000, test_size=200)
     args = parser.parse_args(argv)
     for split, size in (("train", args.train_size), ("test", args.test_size)):
         path = write_pairs(arithmetic_pairs(size, args.seed, split=split), args.out / f"{split}.parquet")

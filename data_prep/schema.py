@@ -16,6 +16,7 @@ whereas pandas would turn it into numpy object arrays that chat templates do not
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -155,3 +156,16 @@ def read_parquet(path: str | os.PathLike, hint: str = DEFAULT_HINT) -> list[dict
     for i, row in enumerate(rows):
         validate_row(row, f"{path}: row {i}")
     return rows
+
+
+def splits_parser(doc: str, train_size: int, test_size: int) -> argparse.ArgumentParser:
+    """The command line every generator shares: `--out DIR` (train.parquet, test.parquet), the two split
+    sizes and `--seed`; a generator adds its own options to it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for train.parquet and test.parquet"
+    )
+    parser.add_argument("--train-size", type=int, default=train_size)
+    parser.add_argument("--test-size", type=int, default=test_size)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser

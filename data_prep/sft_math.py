@@ -15,10 +15,8 @@ answers each with a short worked solution, one line per step, ending in "The ans
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from data_prep import arithmetic
 from data_prep.jsonl import get_field, get_optional, iter_jsonl
@@ -27,6 +25,7 @@ from data_prep.schema import (
     extra_info_of,
     make_row,
     read_parquet,
+    splits_parser,
     validate_row,
     write_parquet,
 )
@@ -115,13 +114,7 @@ def read_sft_file(path: str) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out", type=Path, required=True, help="directory for train.parquet and test.parquet"
-    )
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--test-size", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = splits_parser(__doc__, train_size=2000, test_size=200)
     args = parser.parse_args(argv)
     for split, size in (("train", args.train_size), ("test", args.test_size)):
         path = write_parquet(sft_rows(size, args.seed, split=split), args.out / f"{split}.parquet")
