@@ -25,22 +25,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
+from tests.standin_policy import StandInPolicy
 from train import checkpoint as ckpt
 
 _replace, _unlink, _fsync = os.replace, os.unlink, os.fsync
 fsynced: list[str] = []
-
-
-class _Policy:  # what save_checkpoint reads from a policy (as tests/conftest.py's make_checkpoint)
-    def __init__(self, model):
-        self.model, self.config = model, model.config
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-
-    optimizer = None  # model shards only
-
-    def full_weights(self):
-        return self.model.named_parameters()
 
 
 def pause(pause_file: Path, point: str, **info) -> None:
@@ -90,7 +79,7 @@ def main(model: str, run_dir: str, step: str, keep_last: str, point: str, pause_
     config = AutoConfig.from_pretrained(model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     torch.manual_seed(int(step))
-    policy = _Policy(LlamaForCausalLM(config))
+    policy = StandInPolicy(LlamaForCausalLM(config))
     install(point, Path(pause_file))
     keep = int(keep_last) if keep_last != "none" else None
     ckpt.save_checkpoint(

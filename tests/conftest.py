@@ -55,27 +55,17 @@ def make_checkpoint(tiny_model, dist_group):
     import torch
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
+    from tests.standin_policy import StandInPolicy
     from train.checkpoint import save_checkpoint
 
     config = AutoConfig.from_pretrained(tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
 
-    class _Policy:  # what save_checkpoint reads from a policy
-        def __init__(self, model):
-            self.model, self.config = model, model.config
-            opt = torch.optim.SGD(model.parameters(), lr=0.0)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-
-        optimizer = None  # model shards only
-
-        def full_weights(self):
-            return self.model.named_parameters()
-
     def make(run_dir: Path, step: int, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
         return save_checkpoint(
-            run_dir, step, _Policy(model), tokenizer, {"step": step}, source_model=tiny_model
+            run_dir, step, StandInPolicy(model), tokenizer, {"step": step}, source_model=tiny_model
         )
 
     return make
