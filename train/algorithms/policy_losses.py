@@ -239,7 +239,9 @@ def _table_entry(name: str, loss_fn):
     knobs = POLICY_LOSS_KNOBS[name]
 
     def entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-        return loss_fn(old_log_prob, log_prob, advantages, response_mask, **{k: getattr(cfg, k) for k in knobs})
+        return loss_fn(
+            old_log_prob, log_prob, advantages, response_mask, **{k: getattr(cfg, k) for k in knobs}
+        )
 
     entry.__name__ = entry.__qualname__ = f"{name}_entry"
     entry.__doc__ = f"``algorithm.policy_loss_mode={name}``: ``{loss_fn.__name__}`` with its knobs."

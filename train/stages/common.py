@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from train.config import ENGINE_SUPPLIED, ConfigError, RunConfig, validate_components, validate_run
 from train.data import encode_prompts
+from train.loop import TrainingLoop
 from train.policy.distributed import all_gather_objects
 from train.rollout.base import SamplingConfig
 
@@ -85,3 +86,18 @@ def greedy_accuracy(loop, items: list[tuple[list[int], str]]) -> dict[str, float
         correct = grade_batch(rollout.texts, [g for _, g in items])
     everyone = [c for part in all_gather_objects(correct) for c in part]
     return {"val/accuracy": statistics.fmean(everyone)} if everyone else {}
+
+
+class OfflineStage(TrainingLoop):
+    """A loop over a fixed dataset of `data.batch_size` examples a step (SFT, DPO): validation when
+    `data.val_path` is set, runs tagged with their stage kind."""
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.cfg.data.batch_size
+
+    def has_validation(self) -> bool:
+        return bool(self.cfg.data.val_path)
+
+    def tracking_tags(self) -> dict[str, str]:
+        return {"rlpost.stage_kind": self.kind}

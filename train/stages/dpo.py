@@ -36,10 +36,11 @@ from data_prep.schema import extra_info_of
 from train.algorithms.losses import dpo_loss
 from train.config import ConfigError
 from train.data import PromptSampler
-from train.loop import TrainingLoop, run_loop
+from train.loop import run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_sum
 from train.policy.fsdp import Policy
 from train.stages.common import (
+    OfflineStage,
     StageRunConfig,
     encode_chat,
     greedy_accuracy,
@@ -120,7 +121,7 @@ def encode_pairs(tokenizer, pairs: list[dict], max_tokens: int) -> tuple[list, l
     return prompts, chosen, rejected, golds, dropped
 
 
-class DPOTrainer(TrainingLoop):
+class DPOTrainer(OfflineStage):
     kind = run_name_part = "dpo"
     progress_metric = "dpo/loss"
 
@@ -213,16 +214,6 @@ class DPOTrainer(TrainingLoop):
         return h.hexdigest()
 
     # ---- one step -------------------------------------------------------------------------------
-    @property
-    def examples_per_step(self) -> int:
-        return self.cfg.data.batch_size
-
-    def has_validation(self) -> bool:
-        return bool(self.cfg.data.val_path)
-
-    def tracking_tags(self) -> dict[str, str]:
-        return {"rlpost.stage_kind": self.kind}
-
     def step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         mine = shard(self.sampler.batch(step), self.rank, self.world)

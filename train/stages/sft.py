@@ -19,9 +19,10 @@ from data_prep.datasets import load_sft_rows
 from data_prep.sft_math import BUILTIN, split_response
 from train.algorithms.losses import agg_loss
 from train.data import PromptSampler
-from train.loop import TrainingLoop, run_loop
+from train.loop import run_loop
 from train.policy.distributed import all_reduce_sum
 from train.stages.common import (
+    OfflineStage,
     StageRunConfig,
     encode_chat,
     greedy_accuracy,
@@ -75,7 +76,7 @@ def make_sft_loss_fn(global_token_count: float, world: int):
     return loss_fn
 
 
-class SFTTrainer(TrainingLoop):
+class SFTTrainer(OfflineStage):
     kind = run_name_part = "sft"
     progress_metric = "sft/loss"
 
@@ -97,16 +98,6 @@ class SFTTrainer(TrainingLoop):
             p, r, golds, _ = encode_examples(self.tokenizer, val_rows, d.max_tokens)
             self.val = (p[self.rank :: self.world], r[self.rank :: self.world])
             self.accuracy_items = [(x, g) for x, g in zip(p, golds) if g][self.rank :: self.world]
-
-    @property
-    def examples_per_step(self) -> int:
-        return self.cfg.data.batch_size
-
-    def has_validation(self) -> bool:
-        return bool(self.cfg.data.val_path)
-
-    def tracking_tags(self) -> dict[str, str]:
-        return {"rlpost.stage_kind": self.kind}
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
