@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from train.algorithms.advantages import scores_to_token_rewards
-from train.algorithms.registry import Knob, register_policy_loss
+from train.algorithms.registry import Knob, policy_loss_from
 
 __all__ = [
     "KL_PENALTIES",
@@ -192,32 +192,15 @@ def _ppo_terms(
     return pg_losses, metrics
 
 
-@register_policy_loss(
+vanilla_policy_loss = policy_loss_from(
     "vanilla",
-    knobs={
+    _ppo_terms,  # the PPO clip + dual clip loss: per-token (B, T) loss and clip metrics
+    {
         "clip_ratio_low": (0.2, "PPO clip: ratio >= 1 - clip_ratio_low"),
         "clip_ratio_high": (0.2, "PPO clip: ratio <= 1 + clip_ratio_high"),
         "clip_ratio_c": Knob(3.0, "dual-clip bound for negative advantages", float, valid=lambda c: c > 1, rule="> 1"),
     },
 )  # fmt: skip
-def vanilla_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg,
-    extras: dict | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The method-table entry of the PPO clip + dual clip loss: per-token (B, T) loss and clip metrics."""
-    return _ppo_terms(
-        old_log_prob,
-        log_prob,
-        advantages,
-        response_mask,
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-        cfg.clip_ratio_c,
-    )
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from train.algorithms.losses import masked_mean
-from train.algorithms.registry import register_policy_loss
+from train.algorithms.registry import policy_loss_from
 
 __all__ = [
     "POLICY_LOSS_KNOBS",
@@ -233,24 +233,9 @@ POLICY_LOSS_KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 
-def _table_entry(name: str, loss_fn):
-    """The method-table entry of ``algorithm.policy_loss_mode=<name>``: `loss_fn` called with its knobs,
-    read from the algorithm config by the same names (a knob is the loss function's keyword argument)."""
-    knobs = POLICY_LOSS_KNOBS[name]
-
-    def entry(old_log_prob, log_prob, advantages, response_mask, cfg: Any, extras: dict | None = None):
-        return loss_fn(
-            old_log_prob, log_prob, advantages, response_mask, **{k: getattr(cfg, k) for k in knobs}
-        )
-
-    entry.__name__ = entry.__qualname__ = f"{name}_entry"
-    entry.__doc__ = f"``algorithm.policy_loss_mode={name}``: ``{loss_fn.__name__}`` with its knobs."
-    return register_policy_loss(name, knobs=knobs)(entry)
-
-
-gspo_entry = _table_entry("gspo", gspo_loss)
-clip_cov_entry = _table_entry("clip_cov", clip_cov_loss)
-kl_cov_entry = _table_entry("kl_cov", kl_cov_loss)
-cispo_entry = _table_entry("cispo", cispo_loss)
-gpg_entry = _table_entry("gpg", gpg_loss)
-sapo_entry = _table_entry("sapo", sapo_loss)
+gspo_entry = policy_loss_from("gspo", gspo_loss, POLICY_LOSS_KNOBS["gspo"])
+clip_cov_entry = policy_loss_from("clip_cov", clip_cov_loss, POLICY_LOSS_KNOBS["clip_cov"])
+kl_cov_entry = policy_loss_from("kl_cov", kl_cov_loss, POLICY_LOSS_KNOBS["kl_cov"])
+cispo_entry = policy_loss_from("cispo", cispo_loss, POLICY_LOSS_KNOBS["cispo"])
+gpg_entry = policy_loss_from("gpg", gpg_loss, POLICY_LOSS_KNOBS["gpg"])
+sapo_entry = policy_loss_from("sapo", sapo_loss, POLICY_LOSS_KNOBS["sapo"])

@@ -130,6 +130,21 @@ def register_policy_loss(name: str, knobs: dict | None = None) -> Callable:
     return _register(POLICY_LOSSES, name, knobs, (), "")
 
 
+def policy_loss_from(name: str, loss_fn: Callable, knobs: dict) -> Callable:
+    """Register `loss_fn(old_log_prob, log_prob, advantages, response_mask, **knobs)` (per-token loss,
+    metrics) as `algorithm.policy_loss_mode=<name>`: its table entry reads each knob from the algorithm
+    config by the keyword's name. Returns the entry."""
+
+    def entry(old_log_prob, log_prob, advantages, response_mask, cfg, extras: dict | None = None):
+        return loss_fn(
+            old_log_prob, log_prob, advantages, response_mask, **{k: getattr(cfg, k) for k in knobs}
+        )
+
+    entry.__name__ = entry.__qualname__ = f"{name}_entry"
+    entry.__doc__ = f"``algorithm.policy_loss_mode={name}``: ``{loss_fn.__name__}`` with its knobs."
+    return register_policy_loss(name, knobs=knobs)(entry)
+
+
 def register_knobs(name: str, knobs: dict, fn: Callable) -> None:
     """Declare the `algorithm.<knob>` keys of a trainer-side feature `name` whose pure function is `fn`
     (e.g. `register_knobs("dapo", DAPO_KNOBS, overlong_penalty)`), beside that function."""
