@@ -21,12 +21,11 @@ reply from which no score is read is recorded as `judge_parse_failed` (counted, 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 
 from evals.common.cli import EvalError, main
 from evals.common.generation import Sampling
+from evals.common.results import KeyedJsonl
 from evals.common.suite import EvalContext
 from evals.creative import pairwise as pw
 from evals.creative import text_metrics as tm
@@ -46,29 +45,6 @@ PIECES_FILE = "pieces.jsonl"
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
-
-
-class PieceStore:
-    """`pieces.jsonl` beside samples.jsonl: each generated piece, written before it is judged."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.pieces: dict[str, dict] = {}
-        if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line: that piece is generated again
-                self.pieces[str(row["id"])] = row
-
-    def add(self, rows: list[dict]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-            f.flush()
-            os.fsync(f.fileno())
-        self.pieces.update({str(r["id"]): r for r in rows})
 
 
 def load_baseline_pieces(spec: str, results_dir: Path) -> dict[str, dict]:
@@ -94,7 +70,7 @@ def load_baseline_pieces(spec: str, results_dir: Path) -> dict[str, dict]:
     pieces: dict[str, dict] = {}
     for c in candidates:
         if c.is_file():
-            for row in PieceStore(c).pieces.values():
+            for row in KeyedJsonl(c, "id").rows.values():
                 if row.get("piece"):
                     pieces.setdefault(str(row["id"]), row)
     if not pieces:
@@ -298,10 +274,10 @@ class CreativeWritingSuite:
         return items
 
     # -- one batch -----------------------------------------------------------------------------------
-    def _generate(self, items: list[dict], ctx: EvalContext, store: PieceStore) -> None:
+    def _generate(self, items: list[dict], ctx: EvalContext, store: KeyedJsonl) -> None:
         """Generate the pieces not in `store`, regenerating short ones; append them all to the store."""
         args = ctx.args
-        todo = [it for it in items if it["id"] not in store.pieces]
+        todo = [it for it in items if it["id"] not in store.rows]
         attempts = {it["id"]: 0 for it in todo}
         last: dict[str, str] = {}
         for attempt in range(args.short_retries + 1):
@@ -345,13 +321,15 @@ class CreativeWritingSuite:
         args = ctx.args
         setup = self._setup(args)
         rubric: Rubric = setup["rubric"]
-        store = PieceStore(Path(ctx.results_dir) / PIECES_FILE)
+        store = KeyedJsonl(
+            Path(ctx.results_dir) / PIECES_FILE, "id"
+        )  # each piece, written before it is judged
         self._generate(items, ctx, store)
 
         baseline = setup["baseline"] or {}
         requests: list[tuple[str, str, str]] = []  # (item id, kind, prompt)
         for it in items:
-            piece = store.pieces[it["id"]]["piece"]
+            piece = store.rows[it["id"]]["piece"]
             if piece is None:
                 continue
             shown = judge_brief(it, args)
@@ -385,7 +363,7 @@ class CreativeWritingSuite:
         for (item_id, kind, _), reply in zip(requests, replies):
             by_item.setdefault(item_id, {})[kind] = reply
         return [
-            self._record(it, store.pieces[it["id"]], by_item.get(it["id"], {}), setup, args) for it in items
+            self._record(it, store.rows[it["id"]], by_item.get(it["id"], {}), setup, args) for it in items
         ]
 
     def _record(

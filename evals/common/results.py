@@ -127,6 +127,32 @@ class ResultsStore:
         return self.summary_path
 
 
+class KeyedJsonl:
+    """An append-only JSONL file of records keyed by the field `key` (the generated pieces of a creative
+    writing run, the pairwise judgements of a rating): each batch is flushed and fsynced before the caller
+    goes on, and a torn or corrupt line (a kill mid-append) is skipped on reading, so only its record is
+    produced again. `rows`: key -> record, the newest record of a key winning."""
+
+    def __init__(self, path: str | Path, key: str) -> None:
+        self.path, self.key = Path(path), key
+        self.rows: dict[str, dict] = {}
+        if self.path.is_file():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.rows[str(row[key])] = row
+
+    def add(self, rows: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            f.flush()
+            os.fsync(f.fileno())
+        self.rows.update({str(r[self.key]): r for r in rows})
+
+
 def _parse(line: bytes) -> dict | None:
     """The record on one line, or None for a torn, corrupt or id-less line."""
     if not line.endswith(b"\n"):

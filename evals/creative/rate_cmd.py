@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 
 from evals.common.cli import DEFAULT_RESULTS_DIR, EvalError
-from evals.common.results import ResultsStore
+from evals.common.results import KeyedJsonl, ResultsStore
 from evals.creative import pairwise as pw
 from evals.creative import rating as rt
 from evals.creative.rubric import load_rubric, pairwise_prompt
@@ -71,29 +70,6 @@ def iteration_scores(records: list[dict], negative: set[str]) -> dict[str, float
     return {i: round(sum(v) / len(v), 2) for i, v in acc.items() if v}
 
 
-class JudgementStore:
-    """judgements.jsonl: every pairwise reply received, appended durably."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: dict[str, dict] = {}
-        if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line: that reply is asked again
-                self.rows[row["key"]] = row
-
-    def add(self, rows: list[dict]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-            f.flush()
-            os.fsync(f.fileno())
-        self.rows.update({r["key"]: r for r in rows})
-
-
 def rate_main(argv: list[str] | None, suite, judge_brief) -> dict[str, rt.WriterRating]:
     """`suite` and `judge_brief` come from evals.creative_writing (the suite layer imports this, not the reverse)."""
     args = build_rate_parser(suite).parse_args(argv)
@@ -128,7 +104,9 @@ def run_rating(args: argparse.Namespace, judge_brief) -> dict[str, rt.WriterRati
         tops[name] = rt.top_iterations(iteration_scores(writers[name]["records"], negative), 2)
     ignored = _ignored_prompts(args.rate_ignore_prompts, writers)
 
-    store = JudgementStore(Path(args.results_dir) / RATING_DIR / "judgements.jsonl")
+    store = KeyedJsonl(
+        Path(args.results_dir) / RATING_DIR / "judgements.jsonl", "key"
+    )  # every pairwise reply
     wanted: list[dict] = []
     for i, test in enumerate(names):
         for other in names[i + 1 :]:
