@@ -447,6 +447,15 @@ def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> No
         problem = knob.problem(algo[name])
         if problem:
             raise ConfigError(f"bad config value: algorithm.{name}={algo[name]!r} {problem} ({knob.doc})")
+    if algo.rollout_rs is not None:  # the thresholds' shape depends on the criteria
+        from train.algorithms.rollout_correction import parse_rejection
+
+        try:
+            parse_rejection(
+                algo.rollout_rs, algo.rollout_rs_threshold, algo.rollout_rs_lower, algo.rollout_rs_upper
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad config value: {exc}") from None
     _fail_first(
         [
             (algo.kl_loss_coef >= 0, "algorithm.kl_loss_coef must be >= 0"),

@@ -30,7 +30,7 @@ from train.algorithms.dapo import check_gen_batches, overlong_penalty, select_gr
 from train.algorithms.gae import actor_trains_at, value_loss
 from train.algorithms.kl_control import KLController
 from train.algorithms.losses import actor_loss, apply_kl_in_reward, global_normalisers, kl_penalty
-from train.algorithms.rollout_correction import masked_is_mask, mismatch_metrics, truncated_is_weights
+from train.algorithms.rollout_correction import mismatch_metrics, rollout_correction
 from train.config import train_schema, validate
 from train.data import PromptSampler, encode_prompts
 from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
@@ -347,21 +347,8 @@ class GRPOTrainer(TrainingLoop):
                     "algorithm.rollout_is / rollout_rs need the rollout engine's log-probs, which "
                     f"{type(self.engine).__name__} did not return"
                 )
-            log_ratio = (old_lp - rollout_lp) * mask
-            if algo.rollout_rs is not None:
-                loss_mask, rs_metrics = masked_is_mask(
-                    log_ratio, mask, algo.rollout_rs, algo.rollout_rs_lower, algo.rollout_rs_upper
-                )
-                extra.update(rs_metrics)
-            if algo.rollout_is is not None:
-                is_weights, is_metrics = truncated_is_weights(
-                    log_ratio,
-                    loss_mask,
-                    algo.rollout_is,
-                    algo.rollout_is_threshold,
-                    algo.rollout_is_batch_normalize,
-                )
-                extra.update(is_metrics)
+            loss_mask, is_weights, rc_metrics = rollout_correction(old_lp, rollout_lp, mask, algo)
+            extra.update(rc_metrics)
         # ---- critic, then policy update(s), with the rollout engine's GPU memory released ----
         self.engine.sleep()
         if self.critic is not None:
