@@ -9,7 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.algorithms.dapo import check_gen_batches, overlong_penalty, select_groups, varied_groups
+from train.algorithms.dapo import (
+    check_gen_batches,
+    filter_values,
+    overlong_penalty,
+    select_groups,
+    varied_groups,
+)
 from train.algorithms.kl_control import KLController, adaptive_kl_coef
 from train.algorithms.registry import Knob
 from train.algorithms.rollout_correction import (
@@ -35,6 +41,26 @@ def test_varied_groups_drops_groups_with_equal_rewards():
     groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3])
     keep = varied_groups(metric, groups)
     assert keep.tolist() == [True] * 3 + [False] * 6 + [True]
+
+
+def test_filter_values_by_metric():
+    # scores [1, 1]; the second response is overlong (penalty -.5) and pays an in-reward KL of .25
+    scores, correct, overlong, kl = [1.0, 1.0], [1.0, 0.0], t([0.0, -0.5]), t([0.0, 0.25])
+    assert filter_values("score", scores, correct, overlong, kl).tolist() == [1.0, 1.0]
+    assert filter_values("acc", scores, correct, overlong, kl).tolist() == [1.0, 0.0]
+    assert filter_values("seq_reward", scores, correct, overlong, kl).tolist() == [
+        1.0,
+        0.5,
+    ]  # score + penalty
+    assert filter_values("seq_final_reward", scores, correct, overlong, kl).tolist() == [1.0, 0.25]
+    # without shaping and in-reward KL the sequence rewards are the scores
+    assert filter_values("seq_final_reward", scores).tolist() == [1.0, 1.0]
+    # the group is dropped by `score` (equal) but kept by `seq_reward` (the penalty makes them differ)
+    groups = torch.tensor([0, 0])
+    assert not varied_groups(filter_values("score", scores, overlong=overlong), groups).any()
+    assert varied_groups(filter_values("seq_reward", scores, overlong=overlong), groups).all()
+    with pytest.raises(ValueError, match="filter_groups_metric=acc needs a reward that reports correctness"):
+        filter_values("acc", scores)
 
 
 def test_select_groups_takes_the_first_kept_groups_in_order():

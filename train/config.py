@@ -459,6 +459,11 @@ def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> No
     _fail_first(
         [
             (algo.kl_loss_coef >= 0, "algorithm.kl_loss_coef must be >= 0"),
+            (
+                not (algo.filter_groups_metric == "seq_final_reward" and algo.use_kl_in_reward),
+                "algorithm.filter_groups_metric=seq_final_reward with use_kl_in_reward=true is not supported "
+                "(the in-reward KL is computed after dynamic sampling); use seq_reward",
+            ),
             (algo.kl_ctrl.kl_coef >= 0, "algorithm.kl_ctrl.kl_coef must be >= 0"),
             (algo.kl_ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl must be > 0"),
             (algo.kl_ctrl.horizon > 0, "algorithm.kl_ctrl.horizon must be > 0"),

@@ -26,7 +26,13 @@ from data_prep.datasets import load_prompt_rows
 from train import checkpoint as ckpt
 from train.algorithms import registry
 from train.algorithms.classmate import char_span_to_token_span, cot_token_mask
-from train.algorithms.dapo import check_gen_batches, overlong_penalty, select_groups, varied_groups
+from train.algorithms.dapo import (
+    check_gen_batches,
+    filter_values,
+    overlong_penalty,
+    select_groups,
+    varied_groups,
+)
 from train.algorithms.gae import actor_trains_at, value_loss
 from train.algorithms.kl_control import KLController
 from train.algorithms.losses import actor_loss, apply_kl_in_reward, global_normalisers, kl_penalty
@@ -408,13 +414,18 @@ class GRPOTrainer(TrainingLoop):
             if not algo.filter_groups:
                 return mine, rows, rollout, reward, {}, (t_rollout, t_reward)
             rollout, reward = _concat(parts)
-            metric = reward.scores if algo.filter_groups_metric == "score" else reward.correct
-            if metric is None:
-                raise ValueError(
-                    "algorithm.filter_groups_metric=acc needs a reward that reports correctness; use score"
+            overlong = None
+            if algo.overlong_buffer_len > 0:  # seq_reward counts DAPO's overlong penalty, as in step()
+                lengths = torch.tensor([len(r) for r in rollout.response_ids])
+                overlong = overlong_penalty(
+                    lengths,
+                    self.cfg.rollout.max_new_tokens,
+                    algo.overlong_buffer_len,
+                    algo.overlong_penalty_factor,
                 )
+            metric = filter_values(algo.filter_groups_metric, reward.scores, reward.correct, overlong)
             group_index = torch.tensor(rollout.group_index)
-            keep = varied_groups(torch.tensor(metric, dtype=torch.float64), group_index)
+            keep = varied_groups(metric, group_index)
             idx, groups = select_groups(keep, group_index, per_rank)
             # one decision for all ranks: they share the prompt order, so they draw batches together
             fewest = -all_reduce_max(-groups)
