@@ -420,7 +420,8 @@ def rollout_correction_rows(verl, gen) -> list[Row]:
                     d = maxdiff(mask, theirs_mask)
                     if (w is None) != (theirs_w is None):
                         return float("inf")
-                    return d if w is None else max(d, maxdiff(w, theirs_w, m))
+                    # the weights where the loss uses them (verl's also carry values on rejected tokens)
+                    return d if w is None else max(d, maxdiff(w, theirs_w, theirs_mask))
 
                 worst, note = _attempt(diff)
                 kept = float(theirs_mask.sum() / m.sum())
