@@ -7,11 +7,19 @@ verl is copied or re-implemented here: its ``core_algos.py`` and ``rollout_corr_
 from DIR and called on the same random tensors as the project's functions. verl is not installed in the
 project's environment, so the import skips verl's package ``__init__`` (which needs Ray-side packages)
 and puts empty placeholder modules for two packages those two files only name at import time
-(``tensordict``, ``codetiming``); transformers' renamed ``AutoModelForVision2Seq`` is aliased. The
-functions compared run verl's real code.
+(``tensordict``, ``codetiming``); transformers' renamed ``AutoModelForVision2Seq`` is aliased, and
+``rollout_corr_helper.DataProto`` (only used to wrap the IS weights it returns) is a holder of tensors.
+The functions compared run verl's real code.
+
+Rollout correction is compared as the trainer calls it (``rollout_correction.rollout_correction``
+against verl's ``compute_rollout_correction_and_rejection_mask``): every IS level x batch normalisation x
+rejection criterion (verl's k1/k2/k3 token, sequence-sum/mean/max options, chained), on ordinary inputs
+and on inputs where some tokens have |log rho| > 20; so are the loss modes' ``ppo_kl`` metrics.
 
 Prints one markdown row per algorithm: the largest absolute difference (values, and gradients where the
-function is a loss) and whether it is within 1e-6 (float64 inputs).
+function is a loss; relative for metrics that reach 1e10 on extreme inputs, marked so) and whether it is
+within 1e-6 (float64 inputs). A row whose project side raises is reported as NaN (not equal) with the
+error, so the table always completes.
 """
 
 from __future__ import annotations
@@ -64,6 +72,18 @@ class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+class _TensorHolder:
+    """Stands in for verl's ``DataProto`` (which needs tensordict) where a helper only wraps tensors in
+    one and the caller reads them back: ``DataProto.from_dict(tensors=d).batch[key]``."""
+
+    def __init__(self, tensors: dict) -> None:
+        self.batch = tensors
+
+    @classmethod
+    def from_dict(cls, tensors: dict, **_kw) -> _TensorHolder:
+        return cls(dict(tensors))
+
+
 def import_verl(src: Path) -> SimpleNamespace:
     """verl's core_algos, rollout_corr_helper, torch_functional and ActorConfig from a source checkout."""
     root = src / "verl"
@@ -78,9 +98,11 @@ def import_verl(src: Path) -> SimpleNamespace:
     if not hasattr(transformers, "AutoModelForVision2Seq"):
         transformers.AutoModelForVision2Seq = transformers.AutoModelForImageTextToText
     core = importlib.import_module("verl.trainer.ppo.core_algos")
+    rc = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+    rc.DataProto = _TensorHolder  # its combined entry point wraps the weights in a DataProto
     return SimpleNamespace(
         core=core,
-        rc=importlib.import_module("verl.trainer.ppo.rollout_corr_helper"),
+        rc=rc,
         F=importlib.import_module("verl.utils.torch_functional"),
         ActorConfig=importlib.import_module("verl.workers.config").ActorConfig,
     )
@@ -327,6 +349,183 @@ def control_and_correction_rows(verl, gen) -> list[Row]:
     return rows
 
 
+def _log_probs(gen, b, extreme: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, rollout) log-probs (B, T): ratios near 1, or with ~1 token in 8 off by 20-40 nats."""
+    train = -torch.rand(b.B, b.T, generator=gen, dtype=D) * 4
+    rollout = train + 0.3 * torch.randn(b.B, b.T, generator=gen, dtype=D)
+    if extreme:
+        far = torch.rand(b.B, b.T, generator=gen) < 0.125
+        shift = (20 + 20 * torch.rand(b.B, b.T, generator=gen, dtype=D)) * torch.sign(
+            torch.randn(b.B, b.T, generator=gen, dtype=D)
+        )
+        rollout = torch.where(far, rollout + shift, rollout)
+    return train, rollout
+
+
+def _rc_cfg(**overrides) -> SimpleNamespace:
+    knobs = rollout_correction.ROLLOUT_CORRECTION_KNOBS
+    cfg = {k: v.default if hasattr(v, "default") else v[0] for k, v in knobs.items()}
+    return SimpleNamespace(**{**cfg, **overrides})
+
+
+# verl's rejection options with thresholds that reject a share of the ordinary inputs (log rho ~ N(0, .3^2))
+RS_CASES = (
+    ("token_k1", "0.6_1.8"),
+    ("seq_sum_k1", "0.3_3.0"),
+    ("seq_mean_k1", "0.8_1.25"),
+    ("token_k2", "0.05"),
+    ("token_k3", "0.05"),
+    ("seq_sum_k2", "0.5"),
+    ("seq_sum_k3", "0.5"),
+    ("seq_mean_k2", "0.05"),
+    ("seq_mean_k3", "0.05"),
+    ("seq_max_k2", "0.2"),
+    ("seq_max_k3", "0.2"),
+    ("token_k1,seq_max_k3", "0.6_1.8,0.3"),
+    ("token_k2,seq_mean_k1,seq_sum_k3", "0.1,0.8_1.25,0.5"),
+    ("token_k2,token_k3", "0.05"),
+)
+IS_CASES = (None, ("token", False), ("token", True), ("sequence", False), ("sequence", True))
+
+
+def _attempt(fn: Callable[[], float]) -> tuple[float, str]:
+    try:
+        return fn(), ""
+    except Exception as exc:  # noqa: BLE001 - a row whose project side raises is reported, not fatal
+        return float("nan"), f"project raised {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+
+
+def rollout_correction_rows(verl, gen) -> list[Row]:
+    """The trainer's one entry point against verl's combined IS + rejection, ordinary and extreme inputs."""
+    rc, rows = verl.rc, []
+    test = "tests/test_dapo_rollout_correction.py"
+    b = random_batch(gen)
+    m = b.mask
+    for extreme in (False, True):
+        train, rollout = _log_probs(gen, b, extreme)
+        tag = "log rho beyond +-20 on ~1/8 tokens" if extreme else "ordinary"
+        for rs, threshold in (*RS_CASES, (None, None)):
+            for case in IS_CASES:
+                if rs is None and case is None:
+                    continue
+                level, norm = case if case is not None else (None, False)
+                theirs_w, theirs_mask, _ = rc.compute_rollout_correction_and_rejection_mask(
+                    train, rollout, m, level, 2.0 if level else None, norm, rs, threshold
+                )
+                theirs_w = None if theirs_w is None else theirs_w.batch["rollout_is_weights"]
+                cfg = _rc_cfg(rollout_is=level, rollout_is_batch_normalize=norm, rollout_rs=rs, rollout_rs_threshold=threshold)  # fmt: skip
+
+                def diff(cfg=cfg, theirs_w=theirs_w, theirs_mask=theirs_mask, train=train, rollout=rollout):
+                    mask, w, _ = rollout_correction.rollout_correction(train, rollout, m, cfg)
+                    d = maxdiff(mask, theirs_mask)
+                    if (w is None) != (theirs_w is None):
+                        return float("inf")
+                    # the weights where the loss uses them (verl's also carry values on rejected tokens)
+                    return d if w is None else max(d, maxdiff(w, theirs_w, theirs_mask))
+
+                worst, note = _attempt(diff)
+                kept = float(theirs_mask.sum() / m.sum())
+                name = f"rollout correction (IS {level or 'off'}{', batch-normalised' if norm else ''}; RS {rs or 'off'} {threshold or ''}; {tag})"  # fmt: skip
+                rows.append((name, test, worst, note or f"verl keeps {kept:.0%} of tokens"))
+        # the mismatch metrics, k3_kl exact (relative: it reaches ~1e10 on the extreme inputs)
+        theirs = rc.compute_offpolicy_metrics(train, rollout, m)
+        ours = rollout_correction.mismatch_metrics(train, rollout, m)
+        keys = ("kl", "k3_kl", "training_ppl", "rollout_ppl", "log_ppl_abs_diff", "chi2_token")
+        worst = max(abs(ours[f"rollout_corr/{k}"] - theirs[k]) / max(1.0, abs(theirs[k])) for k in keys)
+        rows.append(
+            (f"mismatch metrics ({tag}; relative above 1)", test, worst, f"k3_kl = {theirs['k3_kl']:.3g}")
+        )
+    return rows
+
+
+def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
+    """ppo_kl of every loss mode on extreme log-ratios; geo_mean and bypass_mode against verl."""
+    core, rows = verl.core, []
+    b = random_batch(gen)
+    m = b.mask
+    old, _ = _log_probs(gen, b, False)
+    logp = old + 0.3 * torch.randn(b.B, b.T, generator=gen, dtype=D)
+    far = torch.rand(b.B, b.T, generator=gen) < 0.125
+    logp_far = torch.where(far, logp + 25 * torch.sign(torch.randn(b.B, b.T, generator=gen, dtype=D)), logp)
+    advs = torch.randn(b.B, b.T, generator=gen, dtype=D) * m
+
+    def actor_cfg(**kw):
+        policy_loss = kw.pop("policy_loss", {})
+        cfg = verl.ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **kw)
+        for k, v in policy_loss.items():
+            object.__setattr__(cfg.policy_loss, k, v)
+        return cfg
+
+    clip = actor_cfg(clip_ratio_low=0.2, clip_ratio_high=0.28)
+    modes = (
+        (
+            "vanilla",
+            lambda lp: losses._ppo_terms(old, lp, advs, m, 0.2, 0.28, 3.0),
+            core.compute_policy_loss_vanilla,
+            clip,
+        ),  # fmt: skip
+        (
+            "gspo",
+            lambda lp: policy_losses.gspo_loss(old, lp, advs, m, 0.2, 0.28),
+            core.compute_policy_loss_gspo,
+            clip,
+        ),  # fmt: skip
+        (
+            "cispo",
+            lambda lp: policy_losses.cispo_loss(old, lp, advs, m, 0.2, 0.28),
+            core.compute_policy_loss_cispo,
+            clip,
+        ),  # fmt: skip
+        (
+            "sapo",
+            lambda lp: policy_losses.sapo_loss(old, lp, advs, m, 1.0, 1.05),
+            core.compute_policy_loss_sapo,
+            actor_cfg(tau_pos=1.0, tau_neg=1.05),
+        ),  # fmt: skip
+        (
+            "geo_mean",
+            lambda lp: policy_losses.geo_mean_loss(old, lp, advs, m, 0.2, 0.28),
+            core.compute_policy_loss_geo_mean,
+            clip,
+        ),  # fmt: skip
+    )
+    for name, ours_fn, verl_fn, cfg in modes:
+        ours_kl, note = _attempt(lambda ours_fn=ours_fn: ours_fn(logp_far)[1]["ppo_kl"])
+        _, theirs = verl_fn(old, logp_far, advs, m, "token-mean", cfg)
+        rows.append((f"{name} ppo_kl metric (log ratio +-25 on ~1/8 tokens)", "tests/test_policy_losses.py", abs(ours_kl - theirs["actor/ppo_kl"]), note))  # fmt: skip
+    # geo_mean: loss and gradient (verl averages over sequences: seq-mean-token-mean), without and with IS
+    weights = torch.exp(0.2 * torch.randn(b.B, b.T, generator=gen, dtype=D)).clamp(max=2.0) * m
+    for w in (None, weights):
+
+        def geo_diff(w=w):
+            ours_l, ours_g = _grad(lambda lp: losses.agg_loss(policy_losses.geo_mean_loss(old, lp, advs, m, 0.2, 0.28, w)[0], m, "seq-mean-token-mean"), logp)  # fmt: skip
+            verl_l, verl_g = _grad(lambda lp: core.compute_policy_loss_geo_mean(old, lp, advs, m, "token-mean", clip, rollout_is_weights=w)[0], logp)  # fmt: skip
+            return max(maxdiff(ours_l, verl_l), maxdiff(ours_g, verl_g))
+
+        worst, note = _attempt(geo_diff)
+        label = "with IS weights (geometric mean per sequence)" if w is not None else "no IS weights"
+        rows.append((f"geo_mean loss ({label})", "tests/test_policy_losses.py", worst, note or "verl's loss_agg_mode is ignored; ours with seq-mean-token-mean"))  # fmt: skip
+    # bypass mode: old = rollout log-probs; IS/RS on pi_current / pi_rollout inside the loss
+    rollout = old
+    cases = [(lt, rs, th, lp) for lt in ("ppo_clip", "reinforce") for lp in ("ordinary", "+-25") for rs, th in ((None, None), ("token_k1", "0.6_1.8"), ("seq_mean_k3,token_k2", "0.02,0.1"))]  # fmt: skip
+    for loss_type, rs, threshold, inputs in cases:
+        current = logp if inputs == "ordinary" else logp_far
+        corr = {"rollout_is": "sequence" if loss_type == "reinforce" else "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": False, "rollout_rs": rs, "rollout_rs_threshold": threshold, "loss_type": loss_type}  # fmt: skip
+        cfg = actor_cfg(clip_ratio_low=0.2, clip_ratio_high=0.28, policy_loss={"rollout_correction": corr})
+        # verl's engine normalisers: the mini-batch's response tokens (known before the forward)
+        object.__setattr__(cfg, "global_batch_info", {"dp_size": 1, "batch_num_tokens": m.sum(), "global_batch_size": b.B})  # fmt: skip
+        ours_cfg = _rc_cfg(**{k: v for k, v in corr.items() if k != "loss_type"}, loss_type=loss_type, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)  # fmt: skip
+
+        def bypass_diff(cfg=cfg, ours_cfg=ours_cfg, current=current):
+            ours_l, ours_g = _grad(lambda lp: losses.agg_loss(policy_losses.bypass_mode_loss(rollout, lp, advs, m, ours_cfg)[0], m, "token-mean"), current)  # fmt: skip
+            verl_l, verl_g = _grad(lambda lp: core.compute_policy_loss_bypass_mode(rollout, lp, advs, m, "token-mean", cfg)[0], current)  # fmt: skip
+            return max(maxdiff(ours_l, verl_l), maxdiff(ours_g, verl_g))
+
+        worst, note = _attempt(bypass_diff)
+        rows.append((f"bypass_mode ({loss_type}, IS {corr['rollout_is']}, RS {rs or 'off'}; log ratios {inputs})", "tests/test_policy_losses.py", worst, note or "token-mean over the response tokens (verl's engine global_batch_info)"))  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--verl-src", default=os.environ.get("VERL_SRC"), help="verl checkout (holds verl/)")
@@ -338,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     verl = import_verl(Path(args.verl_src))
     gen = torch.Generator().manual_seed(args.seed)
     rows = estimator_rows(verl, gen) + loss_rows(verl, gen) + control_and_correction_rows(verl, gen)
+    rows += rollout_correction_rows(verl, gen) + loss_metric_and_mode_rows(verl, gen)
     lines = [
         f"| algorithm | pinned by | max abs diff vs verl (seed {args.seed}, float64) | equal (<= {ATOL}) | note |",
         "|---|---|---|---|---|",
@@ -346,9 +546,17 @@ def main(argv: list[str] | None = None) -> int:
         equal = "yes" if diff <= ATOL and not math.isnan(diff) else "NO"
         lines.append(f"| {name} | `{test}` | {diff:.2e} | {equal} | {note} |")
     table = "\n".join(lines)
-    print(table)
+    rc_rows = [
+        r for r in rows if r[0].startswith(("rollout correction", "TIS", "masked IS", "mismatch", "bypass"))
+    ]
+    summary = "\n".join(
+        f"{label}: {len(rs)} configurations, largest difference {max(d for _, _, d, _ in rs):.2e}, "
+        f"{sum(1 for _, _, d, _ in rs if not d <= ATOL)} not equal"
+        for label, rs in (("all rows", rows), ("rollout-correction rows", rc_rows))
+    )
+    print(table + "\n\n" + summary)
     if args.out:
-        Path(args.out).write_text(table + "\n")
+        Path(args.out).write_text(table + "\n\n" + summary + "\n")
     return 0 if all(d <= ATOL for _, _, d, _ in rows) else 1
 
 

@@ -68,10 +68,21 @@ def test_verl_names_are_config_keys_with_one_line_errors():
         "algorithm.lam=2": r"algorithm.lam=2.0 must be in \[0, 1\]",
         "critic.warmup_steps=2": "critic.warmup_steps needs a critic: set algorithm.adv_estimator=gae",
         "algorithm.filter_groups_metric=f1": "algorithm.filter_groups_metric='f1' must be one of",
+        "algorithm.rollout_rs=seq_max_k1": "algorithm.rollout_rs='seq_max_k1' must be a comma list of",
+        "algorithm.rollout_rs=token_k2": "algorithm.rollout_rs=token_k2 needs algorithm.rollout_rs_threshold",
+        "algorithm.loss_type=ppo": "algorithm.loss_type='ppo' must be one of",
     }
     for override, message in bad.items():
         with pytest.raises(ConfigError, match=message):
             build_config(overrides=[override])
+    with pytest.raises(ConfigError, match="seq_final_reward with use_kl_in_reward=true is not supported"):
+        build_config(
+            overrides=["algorithm.filter_groups_metric=seq_final_reward", "algorithm.use_kl_in_reward=true"]
+        )
+    with pytest.raises(ConfigError, match="rollout_rs_threshold='1,2,3' needs one entry or 2"):
+        build_config(
+            overrides=["algorithm.rollout_rs='token_k2,token_k3'", "algorithm.rollout_rs_threshold='1,2,3'"]
+        )
     with pytest.raises(ConfigError, match="critic.warmup_steps=5 leaves no actor step in total_steps=5"):
         build_config(overrides=["algorithm.adv_estimator=gae", "critic.warmup_steps=5", "total_steps=5"])
 
@@ -91,6 +102,8 @@ def test_verl_names_are_config_keys_with_one_line_errors():
         (["algorithm.policy_loss_mode=cispo"], "actor/pg_clipfrac"),
         (["preset_sapo"], "actor/ppo_kl"),
         (["algorithm.use_kl_loss=true", "algorithm.kl_loss_type=low_var_kl+"], "actor/kl_loss"),
+        (["algorithm.policy_loss_mode=geo_mean", "algorithm.loss_agg_mode=seq-mean-token-mean", "algorithm.rollout_is=token"], "rollout_corr/is_mean"),
+        (["algorithm.policy_loss_mode=bypass_mode", "algorithm.loss_type=reinforce", "algorithm.rollout_is=sequence"], "actor/rollout_corr/is_mean"),
     ],
 )  # fmt: skip
 def test_each_mode_trains_a_step(overrides, metric, tiny_model, dist_group, tmp_path, spy):
@@ -221,6 +234,26 @@ def test_rollout_correction_reaches_the_loss(tiny_model, dist_group, tmp_path):
     kept = norm("algorithm.rollout_rs=geometric", "algorithm.rollout_rs_lower=0.5")
     assert kept["rollout_corr/rs_masked_fraction"] == 0.0
     assert kept["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-4)
+    # verl's criteria, chained: k1 bounds [1.5, 2] on pi_rollout / pi_train exclude ratio 1 -> nothing learnt;
+    # a k3 bound alone keeps everything (k3 ~ 0)
+    dropped = norm("algorithm.rollout_rs='seq_max_k3,token_k1'", "algorithm.rollout_rs_threshold='0.1,1.5_2'")
+    assert dropped["rollout_corr/rs_token_k1_masked_fraction"] == 1.0 and dropped["actor/grad_norm"] == 0.0
+    kept = norm("algorithm.rollout_rs=seq_max_k3", "algorithm.rollout_rs_threshold=0.1")
+    assert kept["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-4)
+    # bypass mode: no trainer forward for the old log-probs; the loss corrects on pi_current / pi_rollout.
+    # ppo_clip at ratio ~1 is plain PPO; reinforce's gradient -A grad logp equals PPO's at ratio 1, and
+    # truncating every weight at .01 scales it by .01
+    bypass = norm("algorithm.policy_loss_mode=bypass_mode")
+    assert bypass["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-3)
+    reinforce = norm("algorithm.policy_loss_mode=bypass_mode", "algorithm.loss_type=reinforce")
+    assert reinforce["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-3)
+    truncated = norm(
+        "algorithm.policy_loss_mode=bypass_mode", "algorithm.loss_type=reinforce",
+        "algorithm.rollout_is=token", "algorithm.rollout_is_threshold=0.01",
+    )  # fmt: skip
+    assert truncated["actor/rollout_corr/is_mean"] == pytest.approx(0.01)
+    assert "rollout_corr/is_mean" not in truncated  # no step-level correction in bypass mode
+    assert truncated["actor/grad_norm"] == pytest.approx(0.01 * plain["actor/grad_norm"], rel=1e-3)
 
 
 @pytest.mark.slow

@@ -4,13 +4,28 @@ metrics) and the adaptive KL controller, on hand-computed tensors."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from train.algorithms.dapo import check_gen_batches, overlong_penalty, select_groups, varied_groups
+from train.algorithms.dapo import (
+    check_gen_batches,
+    filter_values,
+    overlong_penalty,
+    select_groups,
+    varied_groups,
+)
 from train.algorithms.kl_control import KLController, adaptive_kl_coef
-from train.algorithms.rollout_correction import masked_is_mask, mismatch_metrics, truncated_is_weights
+from train.algorithms.registry import Knob
+from train.algorithms.rollout_correction import (
+    ROLLOUT_CORRECTION_KNOBS,
+    masked_is_mask,
+    mismatch_metrics,
+    parse_rejection,
+    rollout_correction,
+    truncated_is_weights,
+)
 
 D = torch.float64
 
@@ -26,6 +41,26 @@ def test_varied_groups_drops_groups_with_equal_rewards():
     groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3])
     keep = varied_groups(metric, groups)
     assert keep.tolist() == [True] * 3 + [False] * 6 + [True]
+
+
+def test_filter_values_by_metric():
+    # scores [1, 1]; the second response is overlong (penalty -.5) and pays an in-reward KL of .25
+    scores, correct, overlong, kl = [1.0, 1.0], [1.0, 0.0], t([0.0, -0.5]), t([0.0, 0.25])
+    assert filter_values("score", scores, correct, overlong, kl).tolist() == [1.0, 1.0]
+    assert filter_values("acc", scores, correct, overlong, kl).tolist() == [1.0, 0.0]
+    assert filter_values("seq_reward", scores, correct, overlong, kl).tolist() == [
+        1.0,
+        0.5,
+    ]  # score + penalty
+    assert filter_values("seq_final_reward", scores, correct, overlong, kl).tolist() == [1.0, 0.25]
+    # without shaping and in-reward KL the sequence rewards are the scores
+    assert filter_values("seq_final_reward", scores).tolist() == [1.0, 1.0]
+    # the group is dropped by `score` (equal) but kept by `seq_reward` (the penalty makes them differ)
+    groups = torch.tensor([0, 0])
+    assert not varied_groups(filter_values("score", scores, overlong=overlong), groups).any()
+    assert varied_groups(filter_values("seq_reward", scores, overlong=overlong), groups).all()
+    with pytest.raises(ValueError, match="filter_groups_metric=acc needs a reward that reports correctness"):
+        filter_values("acc", scores)
 
 
 def test_select_groups_takes_the_first_kept_groups_in_order():
@@ -122,3 +157,140 @@ def test_adaptive_kl_controller():
         KLController(0.1, "adaptive", horizon=0)
     with pytest.raises(ValueError, match="kl_ctrl.type='pid' is unknown"):
         KLController(0.1, "pid")
+
+
+def rc_cfg(**overrides):
+    """The algorithm config's rollout-correction knobs: their defaults, then ``overrides``."""
+    cfg = {k: v.default if isinstance(v, Knob) else v[0] for k, v in ROLLOUT_CORRECTION_KNOBS.items()}
+    return SimpleNamespace(**{**cfg, **overrides})
+
+
+def correct(log_ratio, mask, **overrides):
+    """rollout_correction on train logp = log_ratio, rollout logp = 0."""
+    return rollout_correction(log_ratio, torch.zeros_like(log_ratio), mask, rc_cfg(**overrides))
+
+
+def test_sequence_is_weight_is_the_whole_sequence_ratio_whatever_rejection_drops():
+    # token log-ratios [.1, 1, .2]; token rejection [.5, 2] drops the middle token (e^1 = 2.72 > 2); the
+    # sequence weight is still the product over all three tokens: min(e^1.3, 5) = 3.669 (not e^.3 = 1.35)
+    lr, mask = t([[0.1, 1.0, 0.2]]), t([[1, 1, 1]])
+    loss_mask, w, m = correct(lr, mask, rollout_is="sequence", rollout_is_threshold=5.0, rollout_rs="token")
+    assert loss_mask.tolist() == [[1, 0, 1]] and loss_mask.dtype == mask.dtype
+    torch.testing.assert_close(w, t([[math.exp(1.3)] * 3]))
+    assert m["rollout_corr/rs_masked_fraction"] == pytest.approx(1 / 3)
+    # token-level weights too are those of every valid token (the rejected one keeps its weight, unused)
+    _, w, _ = correct(lr, mask, rollout_is="token", rollout_is_threshold=5.0, rollout_rs="token")
+    torch.testing.assert_close(w, torch.exp(lr))
+    # both off: the response mask itself, no weights, no metrics
+    assert correct(lr, mask) == (mask, None, {})
+
+
+def test_batch_normalisation_over_the_response_mask_or_the_loss_mask():
+    # ratios [1, 3, .5, 1.2]; token TIS at 2 -> weights [1, 2, .5, 1.2]; rejection [.6, 2] keeps 1 and 1.2
+    lr, mask = torch.log(t([[1.0, 3.0, 0.5, 1.2]])), t([[1, 1, 1, 1]])
+    on = dict(rollout_is="token", rollout_is_batch_normalize=True, rollout_rs="token", rollout_rs_lower=0.6)
+    loss_mask, w, m = correct(lr, mask, **on)
+    assert loss_mask.tolist() == [[1, 0, 0, 1]]
+    # verl: mean over every valid token (4.7 / 4 = 1.175)
+    assert m["rollout_corr/is_batch_norm_factor"] == pytest.approx(1.175)
+    torch.testing.assert_close(w, t([[1.0, 2.0, 0.5, 1.2]]) / 1.175)
+    # the option: mean over the kept tokens (2.2 / 2 = 1.1), so the loss sees weights of mean 1
+    loss_mask, w, m = correct(lr, mask, **on, rollout_is_batch_normalize_mask="loss")
+    assert m["rollout_corr/is_batch_norm_factor"] == pytest.approx(1.1)
+    assert float((w * loss_mask).sum() / loss_mask.sum()) == pytest.approx(1.0)
+    # sequence level: one weight per sequence; rows 0 (e^.5 = 1.65) and 1 (e^-.2 = .82; rejected)
+    lr2, mask2 = t([[0.5, 0.0], [-0.2, 0.0]]), t([[1, 1], [1, 0]])
+    seq = dict(rollout_is="sequence", rollout_is_batch_normalize=True, rollout_rs="geometric")
+    _, _, m = correct(lr2, mask2, **seq, rollout_rs_lower=0.9)
+    assert m["rollout_corr/is_batch_norm_factor"] == pytest.approx((math.exp(0.5) + math.exp(-0.2)) / 2)
+    _, _, m = correct(lr2, mask2, **seq, rollout_rs_lower=0.9, rollout_is_batch_normalize_mask="loss")
+    assert m["rollout_corr/is_batch_norm_factor"] == pytest.approx(math.exp(0.5))
+
+
+def test_k2_and_k3_token_rejection():
+    # log rho [1, -1, .2]: k2 = [.5, .5, .02]; k3 = rho - 1 - log rho = [e - 2 = .718, 1/e = .368, .0214]
+    lr, mask = t([[1.0, -1.0, 0.2]]), t([[1, 1, 1]])
+    assert correct(lr, mask, rollout_rs="token_k2", rollout_rs_threshold="0.4")[0].tolist() == [[0, 0, 1]]
+    assert correct(lr, mask, rollout_rs="token_k3", rollout_rs_threshold="0.4")[0].tolist() == [[0, 1, 1]]
+    assert correct(lr, mask, rollout_rs="token_k3", rollout_rs_threshold=0.75)[0].tolist() == [[1, 1, 1]]
+
+
+def test_sequence_criteria_sum_mean_and_max():
+    # row 0 [1, -1, .2]: k2 sum 1.02, mean .34, max .5; k3 mean (.718 + .368 + .0214) / 3 = .369
+    # row 1 [.9, pad, pad] + [0, 0]: here [.9, 0, 0] all valid: k2 sum .405, mean .135, max .405
+    # row 2 [.3, .3, pad]: k2 sum .09, max .045; k3 mean e^.3 - 1.3 = .0499
+    lr = t([[1.0, -1.0, 0.2], [0.9, 0.0, 0.0], [0.3, 0.3, 7.0]])
+    mask = t([[1, 1, 1], [1, 1, 1], [1, 1, 0]])  # row 2's padding (7.0) must be ignored
+
+    def kept(option, threshold):
+        m, _, metrics = correct(lr, mask, rollout_rs=option, rollout_rs_threshold=threshold)
+        assert m.tolist()[2][2] == 0
+        return [int(row.sum() > 0) for row in m]
+
+    assert kept("seq_sum_k2", "1.0") == [0, 1, 1]
+    assert kept("seq_sum_k2", "0.4") == [0, 0, 1]
+    assert kept("seq_mean_k2", "0.3") == [0, 1, 1]
+    assert kept("seq_max_k2", "0.3") == [0, 0, 1]
+    assert kept("seq_mean_k3", "0.3") == [0, 1, 1]
+    assert kept("seq_max_k3", "0.6") == [0, 1, 1]  # k3 max: .718, e^.9 - 1.9 = .560, .0499
+    assert kept("seq_max_k3", "0.5") == [0, 0, 1]
+
+
+def test_chained_criteria_and_verl_k1_bounds():
+    # verl's k1 bounds are on pi_rollout / pi_train = 1 / rho: token_k1 "0.5_1.5" keeps .667 <= rho <= 2
+    lr, mask = t([[0.6, -0.5, 0.0], [0.1, 0.1, 0.0]]), t([[1, 1, 1], [1, 1, 0]])
+    assert correct(lr, mask, rollout_rs="token_k1", rollout_rs_threshold="0.5_1.5")[0].tolist() == [
+        [1, 0, 1],
+        [1, 1, 0],
+    ]
+    # the project's token bounds are on rho itself: [.5, 1.5] keeps .607, drops 1.82
+    assert correct(lr, mask, rollout_rs="token", rollout_rs_upper=1.5)[0].tolist() == [[0, 1, 1], [1, 1, 0]]
+    # one k1 number u means [1/u, u]
+    assert correct(lr, mask, rollout_rs="token_k1", rollout_rs_threshold="1.5")[0].tolist() == [
+        [0, 0, 1],
+        [1, 1, 0],
+    ]
+    # chained: every criterion must pass; token_k1 drops token (0, 1), seq_max_k2 at .15 drops row 0
+    # (max .18); one threshold entry per criterion
+    m, _, metrics = correct(lr, mask, rollout_rs="token_k1,seq_max_k2", rollout_rs_threshold="0.5_1.5,0.15")
+    assert m.tolist() == [[0, 0, 0], [1, 1, 0]]
+    assert metrics["rollout_corr/rs_token_k1_masked_fraction"] == pytest.approx(1 / 5)
+    assert metrics["rollout_corr/rs_seq_max_k2_masked_fraction"] == pytest.approx(3 / 5)
+    assert metrics["rollout_corr/rs_masked_fraction"] == pytest.approx(3 / 5)
+    assert metrics["rollout_corr/rs_seq_masked_fraction"] == 0.5
+    # a shared entry applies to every criterion (k2 and k3 at .17: k2 of -.5 is .125, k3 .107, k2 of .6 .18)
+    m, _, _ = correct(lr, mask, rollout_rs="token_k2,token_k3", rollout_rs_threshold=0.17)
+    assert m.tolist() == [[0, 1, 1], [1, 1, 0]]
+
+
+def test_rejection_config_errors_are_one_line_naming_the_key():
+    with pytest.raises(ValueError, match="rollout_rs='token,seq_max_k2': .*cannot be chained"):
+        parse_rejection("token,seq_max_k2", "1.0")
+    with pytest.raises(ValueError, match="unknown 'seq_max_k1'"):
+        parse_rejection("seq_max_k1", "1.0")
+    with pytest.raises(ValueError, match="rollout_rs=token_k2 needs algorithm.rollout_rs_threshold"):
+        parse_rejection("token_k2", None)
+    with pytest.raises(ValueError, match="needs one entry or 2"):
+        parse_rejection("token_k2,token_k3", "1,2,3")
+    with pytest.raises(ValueError, match="'0.5_2' for token_k3: must be one number"):
+        parse_rejection("token_k3", "0.5_2")
+    with pytest.raises(ValueError, match="must be positive"):
+        parse_rejection("token_k1", "0_2")
+
+
+def test_rejection_clamps_token_log_ratios_at_20_before_summing():
+    # log rho [25, -10]: verl sums the clamped values, 20 - 10 = 10 (seq_sum_k1 = -10), not 15;
+    # bounds [e^-12, 1] on the k1 sum's exp keep -12 <= -10 <= 0 (a raw sum, -15, would be rejected)
+    lr, mask = t([[25.0, -10.0]]), t([[1, 1]])
+    spec = f"{math.exp(-12)}_1"
+    assert correct(lr, mask, rollout_rs="seq_sum_k1", rollout_rs_threshold=spec)[0].tolist() == [[1, 1]]
+    # token_k3 of a clamped token: e^20 - 21 = 4.85e8 <= 5e8 kept
+    assert correct(lr, mask, rollout_rs="token_k3", rollout_rs_threshold=5e8)[0].tolist() == [[1, 1]]
+
+
+def test_k3_kl_metric_is_exact_at_extreme_log_ratios():
+    # one token at log ratio 25, one at 0: mean(rho - 1 - log rho) = (e^25 - 26) / 2 = 3.60e10 (clamping
+    # at 20 first would give 2.43e8)
+    m = mismatch_metrics(t([[25.0, 0.0]]), t([[0.0, 0.0]]), t([[1, 1]]))
+    assert m["rollout_corr/k3_kl"] == pytest.approx((math.exp(25) - 26) / 2)
+    assert m["rollout_corr/ratio_max"] == pytest.approx(math.exp(20))  # still the safety bound

@@ -1,5 +1,5 @@
-"""GSPO, Clip-Cov, KL-Cov, CISPO, GPG, SAPO per-token losses and the straight-through KL variants, on
-hand-computed tensors (values and gradients)."""
+"""GSPO, Clip-Cov, KL-Cov, CISPO, GPG, SAPO, GMPO (geo_mean), bypass-mode per-token losses and the
+straight-through KL variants, on hand-computed tensors (values and gradients)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.algorithms.losses import kl_penalty
+from train.algorithms.losses import agg_loss, kl_penalty
 from train.algorithms.policy_losses import (
     POLICY_LOSS_KNOBS,
+    bypass_mode_loss,
     cispo_entry,
     cispo_loss,
     clip_cov_entry,
     clip_cov_loss,
+    geo_mean_entry,
+    geo_mean_loss,
     gpg_entry,
     gpg_loss,
     gspo_entry,
@@ -25,6 +28,8 @@ from train.algorithms.policy_losses import (
     sapo_entry,
     sapo_loss,
 )
+from train.algorithms.registry import Knob
+from train.algorithms.rollout_correction import ROLLOUT_CORRECTION_KNOBS
 
 D = torch.float64
 
@@ -167,3 +172,76 @@ def test_entries_pass_their_knobs():
     for mode, entry in (("gspo", gspo_entry), ("cispo", cispo_entry), ("kl_cov", kl_cov_entry)):
         declared = set(POLICY_LOSS_KNOBS[mode])
         entry(*args, SimpleNamespace(**{k: getattr(cfg, k) for k in declared}))
+
+
+def test_sapo_and_cispo_ppo_kl_clamp_the_log_ratio_at_20():
+    # logp - old = [-30, 0]: verl (and vanilla PPO) average -clamp(.., -20, 20) = [20, 0] -> 10, not 15
+    old, logp, adv, mask = t([[0.0, 0.0]]), t([[-30.0, 0.0]]), t([[1.0, 1.0]]), torch.ones(1, 2)
+    assert sapo_loss(old, logp, adv, mask)[1]["ppo_kl"] == pytest.approx(10.0)
+    assert cispo_loss(old, logp, adv, mask)[1]["ppo_kl"] == pytest.approx(10.0)
+    assert gspo_loss(old, logp, adv, mask)[1]["ppo_kl"] == pytest.approx(15.0)  # verl's gspo: raw
+
+
+# GMPO: old = 0; row 0 d = [.3, -.1] with A = 1, row 1 d = [.5, -.3] with A = -1, third token padding
+GEO_LOGP, GEO_ADV = t([[0.3, -0.1, 9.0], [0.5, -0.3, 9.0]]), t([[1.0, 1.0, 0.0], [-1.0, -1.0, 0.0]])
+GEO_MASK = t([[1, 1, 0], [1, 1, 0]])
+
+
+def test_geo_mean_clips_token_log_ratios_and_averages_them_per_sequence():
+    # row 0 (A > 0): min(d, clamp(d, -.2, .2)) = [.2, -.1] -> r = e^.05, L = -e^.05;
+    # row 1 (A < 0): -min(-d, -clamp(d)) = max(d, clamp(d)) = [.5, -.2] -> r = e^.15, L = +e^.15
+    logp = GEO_LOGP.clone().requires_grad_()
+    loss, metrics = geo_mean_loss(torch.zeros(2, 3, dtype=D), logp, GEO_ADV, GEO_MASK, 0.2, 0.2)
+    l0, l1 = -math.exp(0.05), math.exp(0.15)
+    torch.testing.assert_close(loss, t([[l0, l0, 0.0], [l1, l1, 0.0]]))
+    assert metrics["pg_clipfrac"] == 0.25 and metrics["pg_clipfrac_lower"] == 0.5  # (0, 0); (1, 0), (1, 1)
+    assert metrics["ppo_kl"] == pytest.approx(-(0.3 - 0.1 + 0.5 - 0.3) / 4)
+    # seq-mean-token-mean = verl's mean over sequences; gradient -A_i r_i / len_i on unclipped tokens only
+    agg_loss(loss, GEO_MASK, "seq-mean-token-mean").backward()
+    torch.testing.assert_close(logp.grad, t([[0.0, l0 / 2, 0.0], [l1 / 2, 0.0, 0.0]]) / 2)
+    # rollout-correction weights enter as the geometric mean per sequence: row 0 sqrt(2 * 2) = 2, row 1
+    # sqrt(.25 * 1) = .5 (padding ignored)
+    w = t([[2.0, 2.0, 0.0], [0.25, 1.0, 0.0]])
+    loss, _ = geo_mean_loss(torch.zeros(2, 3, dtype=D), GEO_LOGP, GEO_ADV, GEO_MASK, 0.2, 0.2, is_weights=w)
+    torch.testing.assert_close(loss, t([[2 * l0, 2 * l0, 0.0], [l1 / 2, l1 / 2, 0.0]]), rtol=1e-9, atol=1e-9)
+    # the entry takes the weights from extras (it applies them itself)
+    cfg = SimpleNamespace(clip_ratio_low=0.2, clip_ratio_high=0.2)
+    got, _ = geo_mean_entry(torch.zeros(2, 3, dtype=D), GEO_LOGP, GEO_ADV, GEO_MASK, cfg, {"is_weights": w})
+    torch.testing.assert_close(got, loss)
+
+
+def bypass_cfg(**overrides):
+    cfg = {k: v.default if isinstance(v, Knob) else v[0] for k, v in ROLLOUT_CORRECTION_KNOBS.items()}
+    cfg.update(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_type="ppo_clip")
+    return SimpleNamespace(**{**cfg, **overrides})
+
+
+def test_bypass_mode_reinforce_and_ppo_clip():
+    # rollout logp [-1, -2, -1]; current = rollout + [.1, 1, .2]; A = 1
+    rollout = t([[-1.0, -2.0, -1.0]])
+    on = dict(rollout_is="sequence", rollout_is_threshold=5.0, rollout_rs="token")
+    # reinforce: w = min(e^1.3, 5) on every token (the whole sequence's ratio), token rejection [.5, 2]
+    # drops the middle token: L = -w A logp = w * [.9, 0, .8]; gradient -w A on kept tokens
+    logp = (rollout + t([[0.1, 1.0, 0.2]])).requires_grad_()
+    loss, m = bypass_mode_loss(
+        rollout, logp, torch.ones(1, 3, dtype=D), torch.ones(1, 3), bypass_cfg(**on, loss_type="reinforce")
+    )
+    w = math.exp(1.3)
+    torch.testing.assert_close(loss, t([[0.9 * w, 0.0, 0.8 * w]]))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, t([[-w, 0.0, -w]]))
+    assert m["rollout_corr/rs_masked_fraction"] == pytest.approx(1 / 3) and m["ppo_kl"] == pytest.approx(
+        -0.15
+    )
+    # ppo_clip: old = rollout, ratios [1.105, 2.718 (rejected), 1.221 -> clipped at 1.2]; no IS weights
+    logp = (rollout + t([[0.1, 1.0, 0.2]])).requires_grad_()
+    loss, m = bypass_mode_loss(rollout, logp, torch.ones(1, 3, dtype=D), torch.ones(1, 3), bypass_cfg(**on))
+    torch.testing.assert_close(loss, t([[-math.exp(0.1), 0.0, -1.2]]))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, t([[-math.exp(0.1), 0.0, 0.0]]))
+    assert m["pg_clipfrac"] == 0.5  # of the kept tokens
+    assert "rollout_corr/is_mean" in m  # weights computed for the metrics, as verl
+    with pytest.raises(ValueError, match="algorithm.loss_type='ppo' is unknown"):
+        bypass_mode_loss(
+            rollout, logp, torch.ones(1, 3, dtype=D), torch.ones(1, 3), bypass_cfg(loss_type="ppo")
+        )

@@ -447,9 +447,23 @@ def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> No
         problem = knob.problem(algo[name])
         if problem:
             raise ConfigError(f"bad config value: algorithm.{name}={algo[name]!r} {problem} ({knob.doc})")
+    if algo.rollout_rs is not None:  # the thresholds' shape depends on the criteria
+        from train.algorithms.rollout_correction import parse_rejection
+
+        try:
+            parse_rejection(
+                algo.rollout_rs, algo.rollout_rs_threshold, algo.rollout_rs_lower, algo.rollout_rs_upper
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad config value: {exc}") from None
     _fail_first(
         [
             (algo.kl_loss_coef >= 0, "algorithm.kl_loss_coef must be >= 0"),
+            (
+                not (algo.filter_groups_metric == "seq_final_reward" and algo.use_kl_in_reward),
+                "algorithm.filter_groups_metric=seq_final_reward with use_kl_in_reward=true is not supported "
+                "(the in-reward KL is computed after dynamic sampling); use seq_reward",
+            ),
             (algo.kl_ctrl.kl_coef >= 0, "algorithm.kl_ctrl.kl_coef must be >= 0"),
             (algo.kl_ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl must be > 0"),
             (algo.kl_ctrl.horizon > 0, "algorithm.kl_ctrl.horizon must be > 0"),

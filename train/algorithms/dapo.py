@@ -6,13 +6,15 @@ functions the trainer calls:
 
 - dynamic sampling: a group whose responses all got the same reward has zero GRPO advantage and teaches
   nothing; drop it and keep generating until ``prompts_per_step`` informative groups are collected
-  (:func:`varied_groups`, :func:`select_groups`, :func:`check_gen_batches`);
+  (:func:`filter_values`, :func:`varied_groups`, :func:`select_groups`, :func:`check_gen_batches`);
 - overlong shaping: a linear penalty over the last ``buffer_len`` tokens before the length limit
   (:func:`overlong_penalty`), added to the score, so truncation is discouraged smoothly rather than by a
   cliff.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -21,11 +23,49 @@ from train.algorithms.registry import Knob, register_knobs
 
 __all__ = [
     "DAPO_KNOBS",
+    "FILTER_METRICS",
     "check_gen_batches",
+    "filter_values",
     "overlong_penalty",
     "select_groups",
     "varied_groups",
 ]
+
+
+FILTER_METRICS = ("score", "acc", "seq_reward", "seq_final_reward")  # verl's DAPO recipe's names
+
+
+def filter_values(
+    metric: str,
+    scores: Sequence[float] | torch.Tensor,
+    correct: Sequence[float] | torch.Tensor | None = None,
+    overlong: torch.Tensor | None = None,
+    kl_in_reward: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(B,) float64: the value dynamic sampling compares within a group (``filter_groups_metric``).
+
+    ``score``: the reward's score (before any shaping); ``acc``: correctness (``correct`` (B,), needed);
+    ``seq_reward``: the sequence's summed token-level score, i.e. score + DAPO's overlong penalty
+    (``overlong`` (B,), None = off; verl: ``token_level_scores.sum(-1)``); ``seq_final_reward``: that minus
+    the in-reward KL penalty beta * sum_t kl_t (``kl_in_reward`` (B,), None = no in-reward KL; verl:
+    ``token_level_rewards.sum(-1)``).
+    """
+    if metric not in FILTER_METRICS:
+        raise ValueError(
+            f"algorithm.filter_groups_metric={metric!r} is unknown: use {' | '.join(FILTER_METRICS)}"
+        )
+    if metric == "acc":
+        if correct is None:
+            raise ValueError(
+                "algorithm.filter_groups_metric=acc needs a reward that reports correctness; use score"
+            )
+        return torch.as_tensor(correct, dtype=torch.float64)
+    value = torch.as_tensor(scores, dtype=torch.float64)
+    if metric in ("seq_reward", "seq_final_reward") and overlong is not None:
+        value = value + overlong.to(torch.float64)
+    if metric == "seq_final_reward" and kl_in_reward is not None:
+        value = value - kl_in_reward.to(torch.float64)
+    return value
 
 
 def varied_groups(metric: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
@@ -97,9 +137,9 @@ def overlong_penalty(
 
 DAPO_KNOBS = {
     "filter_groups": (False, "DAPO dynamic sampling: drop groups whose rewards are all equal, refill"),
-    "filter_groups_metric": Knob("score", "value compared within a group: score | acc", str, choices=("score", "acc")),
+    "filter_groups_metric": Knob("score", "value compared within a group: score | acc | seq_reward (score + overlong penalty) | seq_final_reward (seq_reward - in-reward KL)", str, choices=FILTER_METRICS),
     "max_num_gen_batches": Knob(10, "dynamic sampling: generation batches per step before giving up (0 = no cap)", int, valid=lambda n: n >= 0, rule=">= 0"),
-    "overlong_buffer_len": Knob(0, "DAPO overlong shaping: penalty ramp length in tokens (0 = off)", int, valid=lambda n: n >= 0, rule=">= 0"),
+    "overlong_buffer_len": Knob(0, "DAPO overlong shaping: penalty ramp length in tokens (0 = off; verl's enable=false, as a zero-length ramp is undefined)", int, valid=lambda n: n >= 0, rule=">= 0"),
     "overlong_penalty_factor": Knob(1.0, "DAPO overlong shaping: penalty at the length limit", float, valid=lambda f: f >= 0, rule=">= 0"),
 }  # fmt: skip
 register_knobs("dapo", DAPO_KNOBS, overlong_penalty)

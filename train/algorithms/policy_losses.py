@@ -1,9 +1,11 @@
-"""Policy-loss modes beside PPO's clipped surrogate: GSPO, Clip-Cov, KL-Cov, CISPO, GPG, SAPO.
+"""Policy-loss modes beside PPO's clipped surrogate: GSPO, Clip-Cov, KL-Cov, CISPO, GPG, SAPO, GMPO
+(``geo_mean``) and rollout correction's bypass mode (``bypass_mode``).
 
 Each returns the *per-token* loss (B, T) and its metrics (unprefixed keys; the actor adds ``actor/``);
 ``losses.agg_loss`` turns it into a scalar with the configured ``loss_agg_mode``, as for the default
 (``vanilla``: PPO clip + dual clip in ``losses.py``). Rollout-correction weights, when on, multiply the
-per-token loss after this (``rollout_correction.py``), whatever the mode. Semantics follow verl's
+per-token loss after this (``rollout_correction.py``), except in ``geo_mean``, which takes their
+per-sequence geometric mean itself (``applies_is_weights``). Semantics follow verl's
 ``core_algos`` loss modes of the same names; ``docs/algorithms-verl.md`` lists where they differ.
 
 Shapes: old_log_prob, log_prob, advantages, response_mask all (B, T); ``log_prob`` carries the gradient.
@@ -15,13 +17,17 @@ from typing import Any
 
 import torch
 
-from train.algorithms.losses import masked_mean
-from train.algorithms.registry import policy_loss_from
+from train.algorithms.losses import _ppo_terms, masked_mean
+from train.algorithms.registry import Knob, policy_loss_from, register_policy_loss
+from train.algorithms.rollout_correction import rollout_correction
 
 __all__ = [
+    "BYPASS_LOSS_TYPES",
     "POLICY_LOSS_KNOBS",
+    "bypass_mode_loss",
     "cispo_loss",
     "clip_cov_loss",
+    "geo_mean_loss",
     "gpg_loss",
     "gspo_loss",
     "kl_cov_loss",
@@ -38,7 +44,13 @@ def _ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> tuple[torch.Te
 
 
 def _ppo_kl(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """mean(old_logp - logp) of the raw log-ratio (verl's gspo, gpg, clip_cov)."""
     return masked_mean((old_log_prob - log_prob).detach().float(), response_mask).item()
+
+
+def _clamped_ppo_kl(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """mean(-log ratio) of the log-ratio clamped to +-20 (verl's vanilla, sapo, cispo)."""
+    return masked_mean(-log_ratio.detach().float(), response_mask).item()
 
 
 def gspo_loss(
@@ -160,13 +172,14 @@ def cispo_loss(
 
     L = -sg(clip(ratio, 1 - low, 1 + high)) * A * logp: every token keeps a gradient (REINFORCE with a
     truncated, stop-gradient IS weight), unlike PPO where clipped tokens get none.
-    Metrics: ``pg_clipfrac`` (share of tokens whose weight was clipped), ``ppo_kl``, ``pg_clipfrac_lower`` 0.
+    Metrics: ``pg_clipfrac`` (share of tokens whose weight was clipped), ``ppo_kl`` (of the log-ratio
+    clamped to +-20, as verl), ``pg_clipfrac_lower`` 0.
     """
-    _, ratio = _ratio(old_log_prob, log_prob)
+    log_ratio, ratio = _ratio(old_log_prob, log_prob)
     weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
     metrics = {
         "pg_clipfrac": masked_mean((ratio != weight).float(), response_mask).item(),
-        "ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask),
+        "ppo_kl": _clamped_ppo_kl(log_ratio, response_mask),
         "pg_clipfrac_lower": 0.0,
     }
     return -weight * advantages * log_prob, metrics
@@ -195,16 +208,98 @@ def sapo_loss(
 
     L = -f(ratio) * A with f(r) = sigmoid(tau (r - 1)) * 4 / tau (slope 1 at r = 1, flattening away from it);
     tau = tau_pos where A > 0, tau_neg otherwise. verl aggregates it with ``seq-mean-token-mean``.
-    Metrics: ``ppo_kl``.
+    Metrics: ``ppo_kl`` (of the log-ratio clamped to +-20, as verl).
     """
-    _, ratio = _ratio(old_log_prob, log_prob)
+    log_ratio, ratio = _ratio(old_log_prob, log_prob)
     tau = torch.where(
         advantages > 0,
         torch.as_tensor(tau_pos, dtype=advantages.dtype),
         torch.as_tensor(tau_neg, dtype=advantages.dtype),
     )
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    return -gate * advantages, {"ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask)}
+    return -gate * advantages, {"ppo_kl": _clamped_ppo_kl(log_ratio, response_mask)}
+
+
+def geo_mean_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """GMPO (arXiv 2507.20673, verl ``geo_mean``): PPO on the geometric mean of the token ratios.
+
+    With d_t = logp - old_logp (not clamped) and s = sign(A_t): d'_t = s * min(s d_t, s clamp(d_t, -low,
+    high)) (clip at token level, in log space); per sequence r_i = exp(mean_t d'_t), A_i = mean_t A_t and
+    L_i = -A_i r_i, times the geometric mean of the rollout-correction weights exp(mean_t log(w_t + 1e-10))
+    when ``is_weights`` (B, T) is given. Returns L_i on every valid token of sequence i (0 on padding):
+    ``seq-mean-token-mean`` gives verl's mean over sequences (verl ignores ``loss_agg_mode``; set it).
+    Metrics: ``pg_clipfrac`` / ``pg_clipfrac_lower``: share of valid tokens whose d_t was clipped with
+    A > 0 / A < 0; ``ppo_kl`` (raw log-ratio, as verl).
+    """
+    mask = response_mask.to(log_prob.dtype)
+    lengths = mask.sum(dim=-1).clamp(min=1)
+    log_ratio = log_prob - old_log_prob
+    sign = torch.sign(advantages)
+    clipped = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    ratio = torch.exp((pessimistic * mask).sum(dim=-1) / lengths)
+    seq_advantage = (advantages * mask).sum(dim=-1) / lengths
+    seq_loss = -seq_advantage * ratio
+    if is_weights is not None:
+        log_w = torch.where(mask.bool(), torch.log(is_weights.detach() + 1e-10), torch.zeros_like(mask))
+        seq_loss = seq_loss * torch.exp(log_w.sum(dim=-1) / lengths)
+    was_clipped = (log_ratio != clipped).detach()
+    metrics = {
+        "pg_clipfrac": masked_mean((was_clipped & (advantages > 0)).float(), response_mask).item(),
+        "ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask),
+        "pg_clipfrac_lower": masked_mean((was_clipped & (advantages < 0)).float(), response_mask).item(),
+    }
+    return seq_loss.unsqueeze(-1) * mask, metrics
+
+
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
+
+
+def bypass_mode_loss(
+    rollout_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: Any,
+) -> tuple[torch.Tensor, Metrics]:
+    """Rollout correction's bypass mode (verl ``bypass_mode``): the rollout engine's log-probs are the
+    old log-probs (no trainer forward for them), and IS weights and rejection are computed inside the loss
+    on pi_current / pi_rollout, detached, by :func:`rollout_correction.rollout_correction` (``cfg``: the
+    algorithm config, its ``rollout_is*`` / ``rollout_rs*`` knobs, ``loss_type``, the clip knobs).
+
+    ``loss_type=ppo_clip``: PPO clip + dual clip with old = rollout (the ratio already is the IS ratio: no
+    weights applied, as verl); ``reinforce``: L = -w * A * logp (w the truncated IS weights, 1 when
+    ``rollout_is`` is null). Rejected tokens get loss 0 (they still count in the mini-batch's normaliser:
+    the rejection is known only after this forward). All tensors (B, T). Metrics: the loss's
+    (``ppo_kl`` of the loss's mask; for ppo_clip also the clip fractions) and ``rollout_corr/*``.
+    """
+    loss_mask, weights, metrics = rollout_correction(log_prob.detach(), rollout_log_prob, response_mask, cfg)
+    if cfg.loss_type == "ppo_clip":
+        per_token, loss_metrics = _ppo_terms(
+            rollout_log_prob,
+            log_prob,
+            advantages,
+            loss_mask,
+            cfg.clip_ratio_low,
+            cfg.clip_ratio_high,
+            cfg.clip_ratio_c,
+        )
+    elif cfg.loss_type == "reinforce":
+        per_token = -advantages * log_prob * (1.0 if weights is None else weights)
+        loss_metrics = {"ppo_kl": _ppo_kl(rollout_log_prob, log_prob, loss_mask)}
+    else:
+        raise ValueError(
+            f"algorithm.loss_type={cfg.loss_type!r} is unknown: use {' or '.join(BYPASS_LOSS_TYPES)}"
+        )
+    return per_token * loss_mask.to(per_token.dtype), {**loss_metrics, **metrics}
 
 
 # ---- method-table adapters: fn(old_log_prob, log_prob, advantages, response_mask, cfg, extras) -----------
@@ -230,7 +325,12 @@ POLICY_LOSS_KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
         "tau_pos": (1.0, "SAPO gate temperature for positive advantages"),
         "tau_neg": (1.05, "SAPO gate temperature for non-positive advantages"),
     },
-}
+    "geo_mean": CLIP_KNOBS,
+    "bypass_mode": {
+        **CLIP_KNOBS,
+        "loss_type": Knob("ppo_clip", "bypass_mode: ppo_clip (PPO with old = rollout log-probs) | reinforce (-w A logp with the rollout_is weights)", str, choices=BYPASS_LOSS_TYPES),
+    },
+}  # fmt: skip
 
 
 gspo_entry = policy_loss_from("gspo", gspo_loss, POLICY_LOSS_KNOBS["gspo"])
@@ -239,3 +339,13 @@ kl_cov_entry = policy_loss_from("kl_cov", kl_cov_loss, POLICY_LOSS_KNOBS["kl_cov
 cispo_entry = policy_loss_from("cispo", cispo_loss, POLICY_LOSS_KNOBS["cispo"])
 gpg_entry = policy_loss_from("gpg", gpg_loss, POLICY_LOSS_KNOBS["gpg"])
 sapo_entry = policy_loss_from("sapo", sapo_loss, POLICY_LOSS_KNOBS["sapo"])
+geo_mean_entry = policy_loss_from(
+    "geo_mean", geo_mean_loss, POLICY_LOSS_KNOBS["geo_mean"], applies_is_weights=True
+)
+
+
+@register_policy_loss("bypass_mode", knobs=POLICY_LOSS_KNOBS["bypass_mode"])
+def bypass_mode_entry(old_log_prob, log_prob, advantages, response_mask, cfg, extras: dict | None = None):
+    """``algorithm.policy_loss_mode=bypass_mode``: :func:`bypass_mode_loss`; the trainer passes the rollout
+    engine's log-probs as ``old_log_prob`` and computes no step-level rollout correction."""
+    return bypass_mode_loss(old_log_prob, log_prob, advantages, response_mask, cfg)

@@ -54,6 +54,9 @@ class Entry:
     needs: tuple[str, ...] = ()
     hint: str = ""  # how to provide what it needs, e.g. "reward._target_=..."
     module: str = ""
+    # a policy loss that applies the rollout-correction weights itself (extras["is_weights"], (B, T) or
+    # None) instead of having them multiply its per-token loss (e.g. geo_mean: a geometric mean per sequence)
+    applies_is_weights: bool = False
 
 
 @dataclass
@@ -95,12 +98,14 @@ def _knobs(knobs: dict | None) -> dict[str, Knob]:
     return out
 
 
-def _register(table: dict[str, Entry], name: str, knobs, needs, hint) -> Callable:
+def _register(
+    table: dict[str, Entry], name: str, knobs, needs, hint, applies_is_weights: bool = False
+) -> Callable:
     def decorate(fn: Callable) -> Callable:
         for need in needs:
             if need not in NEEDS and not need.startswith("signals."):
                 raise ValueError(f"{name}: unknown need {need!r} (known: {NEEDS} or signals.<name>)")
-        entry = Entry(name, fn, _knobs(knobs), tuple(needs), hint, fn.__module__)
+        entry = Entry(name, fn, _knobs(knobs), tuple(needs), hint, fn.__module__, applies_is_weights)
         old = table.get(name)
         if old is not None and (old.module, old.fn.__qualname__) != (entry.module, fn.__qualname__):
             raise ValueError(f"{name!r} is registered twice ({old.module} and {entry.module})")
@@ -124,25 +129,27 @@ def register_adv_estimator(
     return _register(ADV_ESTIMATORS, name, knobs, needs, hint)
 
 
-def register_policy_loss(name: str, knobs: dict | None = None) -> Callable:
+def register_policy_loss(name: str, knobs: dict | None = None, applies_is_weights: bool = False) -> Callable:
     """Decorator: `fn(old_log_prob, log_prob, advantages, response_mask, cfg, extras)` becomes
-    `algorithm.policy_loss_mode=<name>`."""
-    return _register(POLICY_LOSSES, name, knobs, (), "")
+    `algorithm.policy_loss_mode=<name>`; `applies_is_weights`: see :class:`Entry`."""
+    return _register(POLICY_LOSSES, name, knobs, (), "", applies_is_weights)
 
 
-def policy_loss_from(name: str, loss_fn: Callable, knobs: dict) -> Callable:
+def policy_loss_from(name: str, loss_fn: Callable, knobs: dict, applies_is_weights: bool = False) -> Callable:
     """Register `loss_fn(old_log_prob, log_prob, advantages, response_mask, **knobs)` (per-token loss,
     metrics) as `algorithm.policy_loss_mode=<name>`: its table entry reads each knob from the algorithm
-    config by the keyword's name. Returns the entry."""
+    config by the keyword's name (and passes `is_weights=extras["is_weights"]` when `applies_is_weights`).
+    Returns the entry."""
 
     def entry(old_log_prob, log_prob, advantages, response_mask, cfg, extras: dict | None = None):
-        return loss_fn(
-            old_log_prob, log_prob, advantages, response_mask, **{k: getattr(cfg, k) for k in knobs}
-        )
+        kwargs = {k: getattr(cfg, k) for k in knobs}
+        if applies_is_weights:
+            kwargs["is_weights"] = (extras or {}).get("is_weights")
+        return loss_fn(old_log_prob, log_prob, advantages, response_mask, **kwargs)
 
     entry.__name__ = entry.__qualname__ = f"{name}_entry"
     entry.__doc__ = f"``algorithm.policy_loss_mode={name}``: ``{loss_fn.__name__}`` with its knobs."
-    return register_policy_loss(name, knobs=knobs)(entry)
+    return register_policy_loss(name, knobs=knobs, applies_is_weights=applies_is_weights)(entry)
 
 
 def register_knobs(name: str, knobs: dict, fn: Callable) -> None:

@@ -26,11 +26,17 @@ from data_prep.datasets import load_prompt_rows
 from train import checkpoint as ckpt
 from train.algorithms import registry
 from train.algorithms.classmate import char_span_to_token_span, cot_token_mask
-from train.algorithms.dapo import check_gen_batches, overlong_penalty, select_groups, varied_groups
+from train.algorithms.dapo import (
+    check_gen_batches,
+    filter_values,
+    overlong_penalty,
+    select_groups,
+    varied_groups,
+)
 from train.algorithms.gae import actor_trains_at, value_loss
 from train.algorithms.kl_control import KLController
 from train.algorithms.losses import actor_loss, apply_kl_in_reward, global_normalisers, kl_penalty
-from train.algorithms.rollout_correction import masked_is_mask, mismatch_metrics, truncated_is_weights
+from train.algorithms.rollout_correction import mismatch_metrics, rollout_correction
 from train.config import train_schema, validate
 from train.data import PromptSampler, encode_prompts
 from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
@@ -59,6 +65,7 @@ def make_actor_loss_fn(
     log-probs of this update's forward (the trainer's old log-probs of a single on-policy update).
     """
     pg_entry = registry.policy_loss(algo.policy_loss_mode)
+    own_weights = pg_entry.applies_is_weights  # e.g. geo_mean: the loss mode weighs by is_weights itself
     norms = global_normalisers(mask, scale_factor)
     norms["global_token_count"] = all_reduce_sum(norms["global_token_count"])
     norms["global_seq_count"] = all_reduce_sum(norms["global_seq_count"])
@@ -69,9 +76,10 @@ def make_actor_loss_fn(
         if seen_lp is not None:
             seen_lp[rows, :R] = (log_probs.detach() * mb.response_mask).cpu()
         loss_mask = mask[rows, :R].to(dev)
+        weights = None if is_weights is None else is_weights[rows, :R].to(dev)
 
         def pg_loss_fn(old, new, a, m):
-            return pg_entry.fn(old, new, a, m, algo, {"entropy": entropy})
+            return pg_entry.fn(old, new, a, m, algo, {"entropy": entropy, "is_weights": weights})
 
         loss, metrics = actor_loss(
             old_lp[rows, :R].to(dev) if old_lp is not None else log_probs.detach(),
@@ -86,7 +94,7 @@ def make_actor_loss_fn(
             kl_loss_coef=algo.kl_loss_coef,
             kl_loss_type=algo.kl_loss_type,
             loss_agg_mode=algo.loss_agg_mode,
-            is_weights=None if is_weights is None else is_weights[rows, :R].to(dev),
+            is_weights=None if own_weights else weights,
             **norms,
         )
         weight = float(loss_mask.sum()) / local_tokens  # metrics: token-weighted mean
@@ -308,8 +316,11 @@ class GRPOTrainer(TrainingLoop):
             extra["train/overlong_penalty_mean"] = float(penalty.mean())
             extra["train/overlong_penalised_share"] = float((penalty < 0).float().mean())
         group_index = torch.tensor(rollout.group_index)
-        correcting = algo.rollout_is is not None or algo.rollout_rs is not None
-        need_old = (
+        # bypass mode (verl's rollout_correction.bypass_mode): the engine's log-probs are the old ones and the
+        # loss mode corrects on pi_current / pi_rollout itself; else IS/rejection on pi_old / pi_rollout here
+        bypass = algo.policy_loss_mode == "bypass_mode"
+        correcting = (algo.rollout_is is not None or algo.rollout_rs is not None) and not bypass
+        need_old = not bypass and (
             algo.ppo_epochs > 1
             or (algo.ppo_mini_batch_size or cfg.data.prompts_per_step) < cfg.data.prompts_per_step
             or correcting
@@ -341,34 +352,22 @@ class GRPOTrainer(TrainingLoop):
         advantages = estimated.advantages
         # ---- rollout/trainer mismatch: TIS weights and masked IS on pi_train(old) / pi_rollout ----
         loss_mask, is_weights = mask, None
+        if (correcting or bypass) and rollout_lp is None:
+            raise RuntimeError(
+                f"algorithm.{'policy_loss_mode=bypass_mode' if bypass else 'rollout_is / rollout_rs'} needs "
+                f"the rollout engine's log-probs, which {type(self.engine).__name__} did not return"
+            )
         if correcting:
-            if rollout_lp is None:
-                raise RuntimeError(
-                    "algorithm.rollout_is / rollout_rs need the rollout engine's log-probs, which "
-                    f"{type(self.engine).__name__} did not return"
-                )
-            log_ratio = (old_lp - rollout_lp) * mask
-            if algo.rollout_rs is not None:
-                loss_mask, rs_metrics = masked_is_mask(
-                    log_ratio, mask, algo.rollout_rs, algo.rollout_rs_lower, algo.rollout_rs_upper
-                )
-                extra.update(rs_metrics)
-            if algo.rollout_is is not None:
-                is_weights, is_metrics = truncated_is_weights(
-                    log_ratio,
-                    loss_mask,
-                    algo.rollout_is,
-                    algo.rollout_is_threshold,
-                    algo.rollout_is_batch_normalize,
-                )
-                extra.update(is_metrics)
+            loss_mask, is_weights, rc_metrics = rollout_correction(old_lp, rollout_lp, mask, algo)
+            extra.update(rc_metrics)
         # ---- critic, then policy update(s), with the rollout engine's GPU memory released ----
         self.engine.sleep()
         if self.critic is not None:
             extra.update(self._update_critic(rollout, ctx.values, estimated.returns, mask))
         seen_lp = torch.zeros_like(mask) if old_lp is None and rollout_lp is not None else None
         if self.critic is None or actor_trains_at(step - 1, cfg.critic.warmup_steps):
-            update_metrics = self._update(rollout, advantages, loss_mask, old_lp, ref_lp, is_weights, seen_lp)
+            anchor = rollout_lp if bypass else old_lp
+            update_metrics = self._update(rollout, advantages, loss_mask, anchor, ref_lp, is_weights, seen_lp)
         else:  # critic warm-up: the actor waits until the value head has learnt something
             update_metrics = {"actor/updates": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.policy.lr}
             seen_lp = None
@@ -415,13 +414,18 @@ class GRPOTrainer(TrainingLoop):
             if not algo.filter_groups:
                 return mine, rows, rollout, reward, {}, (t_rollout, t_reward)
             rollout, reward = _concat(parts)
-            metric = reward.scores if algo.filter_groups_metric == "score" else reward.correct
-            if metric is None:
-                raise ValueError(
-                    "algorithm.filter_groups_metric=acc needs a reward that reports correctness; use score"
+            overlong = None
+            if algo.overlong_buffer_len > 0:  # seq_reward counts DAPO's overlong penalty, as in step()
+                lengths = torch.tensor([len(r) for r in rollout.response_ids])
+                overlong = overlong_penalty(
+                    lengths,
+                    self.cfg.rollout.max_new_tokens,
+                    algo.overlong_buffer_len,
+                    algo.overlong_penalty_factor,
                 )
+            metric = filter_values(algo.filter_groups_metric, reward.scores, reward.correct, overlong)
             group_index = torch.tensor(rollout.group_index)
-            keep = varied_groups(torch.tensor(metric, dtype=torch.float64), group_index)
+            keep = varied_groups(metric, group_index)
             idx, groups = select_groups(keep, group_index, per_rank)
             # one decision for all ranks: they share the prompt order, so they draw batches together
             fewest = -all_reduce_max(-groups)
