@@ -3,6 +3,7 @@ needs no launcher. A run that expects CUDA but cannot use it is refused in one l
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
@@ -109,14 +110,32 @@ def all_reduce_max(value: int) -> int:
     return int(t.item())
 
 
-def all_gather_objects(obj: object) -> list:
+def all_gather_objects(obj: object, group: dist.ProcessGroup | None = None) -> list:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [obj]
     out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
-def barrier() -> None:
+def barrier(group: dist.ProcessGroup | None = None) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        dist.barrier(group=group)
+
+
+IO_TIMEOUT_S = float(os.environ.get("RLPOST_IO_TIMEOUT_S", 2 * 3600))
+_io_group: dist.ProcessGroup | None = None
+
+
+def io_group() -> dist.ProcessGroup | None:
+    """A gloo group over all ranks with a timeout sized for file I/O (RLPOST_IO_TIMEOUT_S, default 2 h), for
+    the waits of a checkpoint: the ranks that finished writing wait there for the slowest writer and for rank
+    0's commit, never in an NCCL collective, whose watchdog ends the job after 10 minutes (torchtitan saves
+    through a gloo group the same way). None (the default group) at world size 1. Collective on first use:
+    every rank must reach it in the same order (save_checkpoint is called by all)."""
+    global _io_group
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    if _io_group is None:
+        _io_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=IO_TIMEOUT_S))
+    return _io_group
