@@ -77,6 +77,15 @@ KNOWN_MODELS = {
         "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
     },
+    # Llama-3.1-8B-Instruct and Qwen3-0.6B: their config.json on huggingface.co (meta-llama/..., Qwen/...)
+    "Llama-3.1-8B-Instruct": {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False,
+    },
+    "Qwen3-0.6B": {
+        "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
+    },
     "SmolLM2-135M-Instruct": {
         "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
         "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True,
@@ -523,6 +532,7 @@ def report(
         f"time per step: update {t_update:.3g} s at MFU {mfu:.2f} + generation {t_gen:.3g} s (bandwidth- and "
         f"KV-bound) = {t_update + t_gen:.3g} s ({(t_update + t_gen) * cfg.total_steps / 3600:.3g} h for "
         f"{cfg.total_steps} steps)",
+        at_risk_line(cfg.get("save_every", 0), t_update + t_gen, cfg.total_steps),
     ]
     bad = problems(arch, w, mem, spec["memory_gib"])
     blocked = startup_problems(cfg, gpus_per_node)
@@ -530,6 +540,13 @@ def report(
     lines += [f"DOES NOT FIT: {p}" for p in bad] if bad else ["fits"]
     lines += [f"CANNOT START: {p}" for p in blocked]
     return "\n".join(lines), not bad and not blocked
+
+
+def at_risk_line(save_every: int, step_s: float, total_steps: int) -> str:
+    """How much work a kill (preemption, node failure, time limit) loses at most: the steps since the last
+    checkpoint. `save_every` of the paper presets is set from this (about 2 h at most)."""
+    every = save_every if save_every and save_every > 0 else total_steps
+    return f"checkpoints: every {every} steps = {every * step_s / 3600:.2g} h of work at risk between saves"
 
 
 def row(label: str, gib: float, note: str = "") -> str:
