@@ -115,7 +115,9 @@ class Policy:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
         # the shards' storage on the device (the host when offloaded; buffers stay on the device), then the rows
-        materialize(model, files, fresh, torch.device("cpu") if self.cpu_offload else self.device, self.device)
+        materialize(
+            model, files, fresh, torch.device("cpu") if self.cpu_offload else self.device, self.device
+        )
         self.model = model
         if trainable:
             model.train()
