@@ -4,6 +4,9 @@
 
 One optimizer step, `save_sharded`, a fresh policy `load_sharded`s it (weights and AdamW state must be
 identical), and the bf16 HF export must equal the trained weights cast to bf16 and load in transformers.
+Exit status 1 when any of the three is not so. It uses the public Policy / sharded_state API only
+(Policy(...), train_step, full_state_dict, optimizer_state, save_sharded, load_sharded, export_hf);
+tests/test_bench_checks.py runs it on the CPU.
 """
 
 import sys
@@ -23,7 +26,8 @@ def _loss(mb, log_probs, entropy):
     return -(log_probs * mb.response_mask).sum() / 100.0, {}
 
 
-def main(model: str) -> None:
+def check(model: str) -> dict:
+    """The round trip's figures; `resumed_identical`, `adamw_identical` and `export_equals_bf16` must be True."""
     init_distributed()
     policy = Policy(model, precision="auto", lr=1e-4, pad_id=0)
     g = torch.Generator().manual_seed(0)
@@ -45,11 +49,21 @@ def main(model: str) -> None:
         hf = AutoModelForCausalLM.from_pretrained(Path(tmp) / "export").state_dict()
         same_hf = all(torch.equal(hf[k].cpu(), want[k].to(torch.bfloat16)) for k in want)
         size = sum(p.stat().st_size for p in (Path(tmp) / "sharded").iterdir()) / 2**20
+    return {
+        "device": str(policy.device), "saved_mib": size, "save_s": t1 - t0, "export_s": t2 - t1,
+        "resumed_identical": same, "adamw_identical": same_opt, "export_equals_bf16": same_hf,
+    }  # fmt: skip
+
+
+def main(model: str) -> int:
+    r = check(model)
     print(
-        f"dcp on {policy.device}: saved {size:.0f} MiB in {t1 - t0:.2f}s, bf16 HF export {t2 - t1:.2f}s; "
-        f"resumed weights identical {same}, AdamW state identical {same_opt}, HF export == bf16(weights) {same_hf}"
+        f"dcp on {r['device']}: saved {r['saved_mib']:.0f} MiB in {r['save_s']:.2f}s, bf16 HF export "
+        f"{r['export_s']:.2f}s; resumed weights identical {r['resumed_identical']}, AdamW state identical "
+        f"{r['adamw_identical']}, HF export == bf16(weights) {r['export_equals_bf16']}"
     )
+    return 0 if r["resumed_identical"] and r["adamw_identical"] and r["export_equals_bf16"] else 1
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main(sys.argv[1]))

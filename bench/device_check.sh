@@ -4,7 +4,8 @@
 #   bench/device_check.sh real    # stage 2: the embedded GGUF joined from two pieces, converted, trained
 # Run from an unpacked copy of the project; wheels in $WHL, carried files in $CARRY; results go to $OUT.
 # Status: written for issue 14's GPU check, whose task was lent no GPU in the end: it has not run on a GPU yet
-# (bench/gpu_check.py and bench/dcp_check.py, which it calls, ran on the CPU).
+# (bench/gpu_check.py and bench/dcp_check.py, which it calls, run on the CPU in tests/test_bench_checks.py, so a
+# change of the trainer or policy API that breaks them fails the suite; dcp_check exits 1 when its round trip differs).
 set -euo pipefail
 stage=$1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RLPOST_CACHE=/root/rlpost-cache TOKENIZERS_PARALLELISM=false

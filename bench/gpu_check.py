@@ -7,6 +7,12 @@ reward, grad norm, the update's time, its FLOPs (bench/train_step.py's count for
 shared prompts included) and MFU against the device's dense peak (GPU datasheet; on CPU the measured
 matmul rate of the chosen precision), and the peak GPU memory allocated during the update beside the
 planner's prediction for the same config (train/plan.py, same prompt/response lengths as measured).
+
+What it depends on (kept stable on purpose, so the check cannot rot unseen; tests/test_bench_checks.py
+runs it on the CPU): `GRPOTrainer(cfg)`, `.step(step)` -> metrics, `.policy`, `.model_path`, `.close()`;
+`Policy.train_step(prompt_ids, response_ids, ...)`, which it wraps on the instance to time every optimizer
+step; `Policy.device` and `.precision_choice`; the metric names actor/pg_loss, actor/grad_norm,
+train/reward_mean, train/accuracy, train/response_length_mean, timing/rollout_s.
 """
 
 from __future__ import annotations
@@ -21,34 +27,64 @@ import torch
 
 from bench.train_step import model_dims
 from train.flops import ModelDims, StepWork, training_flops
-from train.stages.grpo import GRPOTrainer
 
 
-class MeasuredTrainer(GRPOTrainer):
-    """The trainer with the update's time, FLOPs and peak memory recorded (nothing else changes)."""
+class UpdateMeter:
+    """Wraps a policy's public `train_step` (every optimizer step of the update goes through it) and records
+    its time, the FLOPs of the rows it trained and, on a GPU, the peak memory allocated during it. It depends
+    on `Policy.train_step(prompt_ids, response_ids, loss_fn, ...)` and on nothing inside the trainer."""
 
-    def _update(self, rollout, advantages, mask, old_lp, ref_lp):
+    def __init__(self, policy, dims: ModelDims, shared_prompts: bool) -> None:
+        self.policy, self.dims, self.shared_prompts = policy, dims, shared_prompts
+        self.inner = policy.train_step
+        policy.train_step = self  # an instance attribute: the class and other policies are untouched
+        self.reset()
+
+    def reset(self) -> dict:
+        """The figures since the last reset (the update of one step), and start again."""
+        done = getattr(self, "figures", {})
+        self.figures = {"update_s": 0.0, "update_flops": 0.0, "optimizer_steps": 0, "trained_tokens": 0}
+        return done
+
+    def __call__(self, prompt_ids, response_ids, *args, **kwargs):
         cuda = self.policy.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
+            self.figures.setdefault("allocated_before_gib", torch.cuda.memory_allocated() / 2**30)
         t0 = time.perf_counter()
-        out = super()._update(rollout, advantages, mask, old_lp, ref_lp)
+        out = self.inner(prompt_ids, response_ids, *args, **kwargs)
         if cuda:
             torch.cuda.synchronize()
-        self.measured = {"update_s": time.perf_counter() - t0}
-        if cuda:
-            self.measured["allocated_before_gib"] = before / 2**30
-            self.measured["peak_update_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            self.measured["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-        n = self.cfg.rollout.n
-        prompt_lens = [len(rollout.prompt_ids[g * n]) for g in range(len(rollout) // n)]
-        self.measured["work"] = (prompt_lens, [len(r) for r in rollout.response_ids], n)
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            self.figures["peak_update_gib"] = max(self.figures.get("peak_update_gib", 0.0), peak)
+            reserved = torch.cuda.max_memory_reserved() / 2**30
+            self.figures["peak_reserved_gib"] = max(self.figures.get("peak_reserved_gib", 0.0), reserved)
+        self.figures["update_s"] += time.perf_counter() - t0
+        work = rows_work(prompt_ids, response_ids)
+        self.figures["update_flops"] += training_flops(self.dims, work, self.shared_prompts)
+        self.figures["optimizer_steps"] += 1
+        self.figures["trained_tokens"] += sum(map(len, prompt_ids)) + sum(map(len, response_ids))
+        self.figures["prompt_len_mean"] = sum(work.prompt_lens) / max(len(work.prompt_lens), 1)
         return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def rows_work(prompt_ids: list[list[int]], response_ids: list[list[int]]) -> StepWork:
+    """The rows of one `train_step` as a StepWork: runs of equal consecutive prompts are one group (a GRPO
+    group); groups of unequal sizes count every row as its own group."""
+    groups: list[int] = []
+    for i, p in enumerate(prompt_ids):
+        if i and p == prompt_ids[i - 1]:
+            groups[-1] += 1
+        else:
+            groups.append(1)
+    if len(set(groups)) == 1:
+        starts = [sum(groups[:g]) for g in range(len(groups))]
+        return StepWork([len(prompt_ids[s]) for s in starts], [len(r) for r in response_ids], groups[0])
+    return StepWork([len(p) for p in prompt_ids], [len(r) for r in response_ids], 1)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--experiment", default="grpo_math")
@@ -70,10 +106,15 @@ def main(argv: list[str] | None = None) -> None:
             *args.overrides,
         ]  # fmt: skip
         cfg = build_config(args.experiment, overrides)
-        trainer = MeasuredTrainer(cfg)
+        from train.stages.grpo import GRPOTrainer
+
+        trainer = GRPOTrainer(cfg)
         device = trainer.policy.device
         choice = trainer.policy.precision_choice
         dims: ModelDims = model_dims(str(trainer.model_path))
+        meter = UpdateMeter(
+            trainer.policy, dims, bool(cfg.policy.share_prompts and not cfg.policy.pack_sequences)
+        )
         if device.type == "cuda":
             spec = GPUS[args.gpu]
             peak = (spec["bf16_tflops"] if choice.precision == "bf16" else spec["fp32_tflops"]) * 1e12
@@ -91,48 +132,51 @@ def main(argv: list[str] | None = None) -> None:
         }
         print(json.dumps(header), flush=True)
         steps = []
-        for step in range(1, args.steps + 1):
-            m = trainer.step(step)
-            meas = trainer.measured
-            prompt_lens, response_lens, n = meas.pop("work")
-            flops = training_flops(dims, StepWork(prompt_lens, response_lens, n), cfg.policy.share_prompts)
-            row = {
-                "step": step,
-                "pg_loss": m.get("actor/pg_loss"),
-                "reward_mean": m["train/reward_mean"],
-                "accuracy": m.get("train/accuracy"),
-                "grad_norm": m["actor/grad_norm"],
-                "response_length_mean": m["train/response_length_mean"],
-                "rollout_s": m["timing/rollout_s"],
-                "update_flops": flops,
-                "mfu": flops / meas["update_s"] / peak,
-                **meas,
-            }
-            if device.type == "cuda":  # the planner at the lengths this step actually had
-                arch, _ = arch_of(str(trainer.model_path))
-                mean_prompt = round(sum(prompt_lens) / len(prompt_lens))
-                w = workload_from_config(cfg, mean_prompt)
-                mem = memory(arch, w, GPUS[args.gpu]["memory_gib"])
-                row["planned_update_gib"] = mem["peak_update"]
-                row["planned_parts_gib"] = {
-                    k: round(mem[k], 3)
-                    for k in (
-                        "params_fp32",
-                        "grads_fp32",
-                        "adamw_fp32",
-                        "unsharded_layers",
-                        "logits",
-                        "vllm_asleep",
+        try:
+            for step in range(1, args.steps + 1):
+                m = trainer.step(step)
+                meas = meter.reset()
+                if not meas.get("optimizer_steps"):
+                    raise SystemExit(
+                        f"step {step}: Policy.train_step was never called (nothing was measured)"
                     )
+                row = {
+                    "step": step,
+                    "pg_loss": m.get("actor/pg_loss"),
+                    "reward_mean": m.get("train/reward_mean"),
+                    "accuracy": m.get("train/accuracy"),
+                    "grad_norm": m.get("actor/grad_norm"),
+                    "response_length_mean": m.get("train/response_length_mean"),
+                    "rollout_s": m.get("timing/rollout_s"),
+                    "mfu": meas["update_flops"] / meas["update_s"] / peak,
+                    **meas,
                 }
-                row["planned_activations_gib"] = mem[
-                    "activations_ckpt" if w.gradient_checkpointing else "activations_no_ckpt"
-                ]
-            steps.append(row)
-            print(json.dumps(row), flush=True)
-        trainer.close()
+                if device.type == "cuda":  # the planner at the lengths this step actually had
+                    arch, _ = arch_of(str(trainer.model_path))
+                    w = workload_from_config(cfg, round(meas["prompt_len_mean"]))
+                    mem = memory(arch, w, GPUS[args.gpu]["memory_gib"])
+                    row["planned_update_gib"] = mem["peak_update"]
+                    row["planned_parts_gib"] = {
+                        k: round(mem[k], 3)
+                        for k in (
+                            "params_fp32",
+                            "grads_fp32",
+                            "adamw_fp32",
+                            "unsharded_layers",
+                            "logits",
+                            "vllm_asleep",
+                        )
+                    }
+                    row["planned_activations_gib"] = mem[
+                        "activations_ckpt" if w.gradient_checkpointing else "activations_no_ckpt"
+                    ]
+                steps.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            trainer.close()
     if args.out:
         Path(args.out).write_text(json.dumps({"header": header, "steps": steps}, indent=1))
+    return steps
 
 
 if __name__ == "__main__":

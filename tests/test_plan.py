@@ -2,7 +2,19 @@
 
 import pytest
 
-from train.plan import GIB, KNOWN_MODELS, Arch, Workload, main, memory, problems
+from train.plan import (
+    GIB,
+    GPUS,
+    KNOWN_MODELS,
+    Arch,
+    Workload,
+    generation_time,
+    kv_bytes_per_token,
+    main,
+    memory,
+    problems,
+    step_flops,
+)
 
 TINY = Arch(hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True)
 
@@ -53,11 +65,19 @@ def test_refuses_what_cannot_fit_and_names_the_fix():
     assert problems(TINY, ok, memory(TINY, ok, 80.0), 80.0) == []
 
 
+JUDGE = [
+    "reward.judge.base_url=http://judge-node:8000",
+    "reward.judge.tokenizer=/models/similarity-classifier",
+]
+
+
 def test_cli_plans_the_paper_presets_and_refuses_without_checkpointing(capsys):
-    assert main(["experiment=darling_math", "preset=paper", "gpu=h100"]) == 0
+    assert main(["experiment=darling_math", "preset=paper", "gpu=h100", *JUDGE]) == 0
     out = capsys.readouterr().out
     assert "Qwen3-4B-Base" in out and "fits" in out and "peak in the update" in out
-    assert main(["experiment=darling_math", "preset=paper", "policy.gradient_checkpointing=false"]) == 1
+    assert (
+        main(["experiment=darling_math", "preset=paper", "policy.gradient_checkpointing=false", *JUDGE]) == 1
+    )
     assert "DOES NOT FIT" in capsys.readouterr().out
     assert main(["experiment=grpo_math", "gpu=tpu"]) == 2
 
@@ -81,3 +101,55 @@ def test_sharded_state_matches_zero_figure_1():
         mem = memory(arch, _workload(world_size=world), gpu_gib=80.0)
         state_gb = (mem["params_fp32"] + mem["grads_fp32"] + mem["adamw_fp32"]) * GIB / 1e9
         assert state_gb == pytest.approx(published_gb, rel=0.02), world
+
+
+def test_the_paper_preset_as_shipped_is_refused_with_the_judge_fix(capsys):
+    """Its classifier judge has no tokenizer folder and a server on 127.0.0.1, on a node whose 8 GPUs all
+    train: it would fail at start; the planner refuses it and names both fixes."""
+    assert main(["experiment=darling_math", "preset=paper", "gpu=h100"]) == 1
+    out = capsys.readouterr().out
+    assert "fits" in out  # memory is fine: it is the start that is refused
+    assert "CANNOT START: reward.judge.base_url=http://127.0.0.1:8000 is this node" in out
+    assert "reward.judge.base_url=http://HOST:PORT" in out
+    assert "pass reward.judge.tokenizer=<local folder of the classifier checkpoint>" in out
+    # a node with GPUs to spare for the judge's server: only the tokenizer is missing
+    assert main(["experiment=darling_math", "preset=paper", "gpus_per_node=16"]) == 1
+    assert "is this node" not in capsys.readouterr().out
+
+
+def test_old_and_reference_passes_and_the_frozen_reference_are_counted():
+    mem = {k: v * GIB for k, v in memory(TINY, _workload(ref_pass=True, old_logprob_pass=True), 1.0).items()}
+    assert mem["ref_params_fp32"] == pytest.approx(4 * 348 / 2)  # fp32 weights, sharded, no grads/AdamW
+    # one layer's activations + hidden states in and out + the logits + one fp32 chunk, for T = 10 tokens
+    assert mem["logprob_pass"] == pytest.approx(10 * 144 + 2 * 10 * 4 * 2 + 10 * 10 * 2 + 10 * 10 * 4)
+    assert mem["peak_logprobs"] > 0 and memory(TINY, _workload(), 1.0)["peak_logprobs"] == 0.0
+    rollout = memory(TINY, _workload(ref_pass=True), 1.0)["peak_rollout"]
+    assert rollout - memory(TINY, _workload(), 1.0)["peak_rollout"] == pytest.approx(4 * 348 / 2 / GIB)
+
+
+def test_checkpointing_recomputes_a_forward():
+    plain, ckpt = step_flops(TINY, _workload()), step_flops(TINY, _workload(gradient_checkpointing=True))
+    assert ckpt["recompute"] == pytest.approx(plain["update"] / 3) and plain["recompute"] == 0
+    assert ckpt["update"] == pytest.approx(plain["update"] * 4 / 3)
+
+
+def test_generation_is_priced_by_memory_traffic_and_kv_capacity():
+    """Qwen3-4B on one H100 rank of 8, gpu_memory_utilization 0.5: 256 requests of 512 + 8192 tokens; the KV
+    cache holds ~50 of them at their mean context, so a decode step streams the weights and ~31 GiB of KV."""
+    qwen = Arch.from_config(KNOWN_MODELS["Qwen3-4B-Base"])
+    w = _workload(world_size=8, samples_per_step=2048, n=8, prompt_tokens=512, response_tokens=8192,
+                  micro_batch_tokens=32768, max_model_len=10240)  # fmt: skip
+    spec = GPUS["h100"]
+    mem = memory(qwen, w, spec["memory_gib"])
+    gen = generation_time(qwen, w, mem, spec, bw_eff=0.6, mfu=0.4)
+    per_token = kv_bytes_per_token(qwen, 1)
+    assert per_token == 2 * 36 * 8 * 128 * 2  # K and V, 36 layers, 8 KV heads of 128, bf16: 144 KiB
+    kv_tokens = mem["vllm_kv_cache"] * GIB / per_token
+    assert gen["requests"] == 256 and gen["concurrency"] == pytest.approx(kv_tokens / (512 + 4096))
+    step_bytes = 2 * qwen.params() + gen["concurrency"] * (512 + 4096) * per_token
+    assert gen["step_ms"] == pytest.approx(1e3 * step_bytes / (0.6 * 3.35e12))
+    assert gen["decode_s"] == pytest.approx(256 * 8192 / gen["concurrency"] * gen["step_ms"] / 1e3)
+    # more KV (a larger share of the GPU) -> more in flight -> fewer, slower steps but less time overall
+    roomy = _workload(**{**w.__dict__, "gpu_memory_utilization": 0.8})
+    more = generation_time(qwen, roomy, memory(qwen, roomy, spec["memory_gib"]), spec, 0.6, 0.4)
+    assert more["concurrency"] > gen["concurrency"] and more["decode_s"] < gen["decode_s"]

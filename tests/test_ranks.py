@@ -107,7 +107,10 @@ def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, mo
     trainer = GRPOTrainer(cfg)
     try:
         assert trainer.start_step == 1
-        saved = load_file(ckpt.hf_dir(step) / "model.safetensors")
+        saved = {}  # each of the 2 ranks wrote its share of the export: a file each
+        for part in sorted(ckpt.hf_dir(step).glob("*.safetensors")):
+            saved.update(load_file(part))
+        assert len(saved) > 1
         for name, tensor in trainer.policy.full_weights():
             if name in saved:
                 assert torch.equal(tensor, saved[name]), name

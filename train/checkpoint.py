@@ -23,7 +23,11 @@ Surviving kill -9 and power loss:
   not empty when it was not); a step of the older writer (no manifest) needs `hf/config.json`,
   `hf/model.safetensors` and `trainer_state.pt`.
 - a step folder is removed (replaced by a re-run of its step, or pruned by `keep_last`) by renaming it to
-  `.trash-step_N-<id>` first, then deleting that: a kill inside the deletion leaves no gutted step.
+  `.trash-step_N-<id>` first, then deleting that (pruned steps in a background thread): a kill inside the
+  deletion leaves no gutted step.
+- the ranks wait for each other during a save in a gloo group with an I/O-sized timeout
+  (`train.policy.distributed.io_group`), never in an NCCL collective whose watchdog ends the job after 10
+  minutes; every rank writes its own DCP shards and its share of the HF export.
 - stale temporary and trash folders are deleted at the start of the next save (and of a training run).
 - `latest_checkpoint`, `resume_point` and the evals' resolution use the newest complete step;
   `checkpoints/latest` names the newest one written.
@@ -217,6 +221,7 @@ def clean_stale(run_dir: str | Path) -> list[str]:
     root = checkpoints_root(run_dir)
     if not root.is_dir():
         return []
+    wait_for_pruning()
     gone = []
     for p in root.iterdir():
         if _is_stale(p.name):
@@ -238,6 +243,36 @@ def _to_trash(checkpoint: Path) -> Path:
 def remove_checkpoint(checkpoint: str | Path) -> None:
     """Delete a step folder so that a kill at any point leaves no gutted step: rename, then delete."""
     shutil.rmtree(_to_trash(Path(checkpoint)), ignore_errors=True)
+
+
+_pruning: list = []  # the background deletion of pruned steps, at most one at a time
+
+
+def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
+    """Keep the newest `keep_last` complete steps: the older ones are renamed to the trash now (atomic, instant:
+    readers stop seeing them), their files deleted by a background thread (torchtitan's checkpoint manager
+    purges the same way), so that a slow file system never keeps rank 0 from the next collective while the
+    other ranks wait in it. A kill during the deletion leaves only trash, which the next save (or run)
+    deletes. Returns the trash folders."""
+    wait_for_pruning()
+    trash = [_to_trash(old) for _, old in list_checkpoints(run_dir)[:-keep_last]]
+    if trash:
+        import threading
+
+        def delete() -> None:
+            for t in trash:
+                shutil.rmtree(t, ignore_errors=True)
+
+        thread = threading.Thread(target=delete, name="checkpoint-prune")  # not a daemon: exit waits for it
+        thread.start()
+        _pruning.append(thread)
+    return trash
+
+
+def wait_for_pruning() -> None:
+    """Block until the background deletion of pruned steps (if any) is done."""
+    while _pruning:
+        _pruning.pop().join()
 
 
 def _commit(tmp: Path, final: Path, meta: dict, fsync: bool = True) -> None:
@@ -275,19 +310,20 @@ def save_checkpoint(
     `fsync=False` only to measure what the fsyncs cost (a power loss may then leave a bad step)."""
     import torch
 
-    from train.policy.distributed import all_gather_objects, barrier
+    from train.policy.distributed import all_gather_objects, barrier, io_group
     from train.policy.sharded_state import export_hf, save_sharded
 
-    rngs = all_gather_objects(rng_state())
+    group = io_group()  # the ranks wait for rank 0's file work here (gloo, I/O timeout), never in NCCL
+    rngs = all_gather_objects(rng_state(), group=group)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     root = checkpoints_root(run_dir)
     final = root / step_name(step)
-    tmp = root / f"{TMP}{step_name(step)}-{all_gather_objects(uuid.uuid4().hex[:8])[0]}"  # rank 0's name
+    tmp = root / f"{TMP}{step_name(step)}-{all_gather_objects(uuid.uuid4().hex[:8], group=group)[0]}"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         clean_stale(run_dir)
         tmp.mkdir()
-    barrier()
+    barrier(group)
     save_sharded(policy, tmp / STATE)
     if critic is not None:
         save_sharded(critic, tmp / CRITIC)
@@ -306,9 +342,8 @@ def save_checkpoint(
         _commit(tmp, final, meta, fsync=fsync)
         _atomic_write(root / LATEST, final.name, fsync=fsync)
         if keep_last is not None and keep_last >= 1:  # never the one just written (keep_last <= 0)
-            for _, old in list_checkpoints(run_dir)[:-keep_last]:
-                remove_checkpoint(old)
-    barrier()
+            prune(run_dir, keep_last)
+    barrier(group)
     return final if rank == 0 else None
 
 

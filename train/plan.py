@@ -1,4 +1,5 @@
-"""`python -m train.plan experiment=X [preset=paper] [world_size=N] [gpu=h100|h200|a100-80g] [key=value ...]`
+"""`python -m train.plan experiment=X [preset=paper] [world_size=N] [gpu=h100|h200|a100-80g] [mfu=0.4]
+[decode_bw=0.6] [gpus_per_node=8] [key=value ...]`
 
 Per-GPU memory and step time of a training config, before a GPU is ever asked for. Refuses (exit status 1)
 a config that cannot fit and names what to change. Formulas (bytes per GPU; P parameters, W ranks):
@@ -16,16 +17,35 @@ a config that cannot fit and names what to change. Formulas (bytes per GPU; P pa
   (the 5·a·s/h term of Korthikanti et al. 2022, "Reducing Activation Recomputation", eq. 2, is absent).
   With `policy.gradient_checkpointing` only each layer's input (h per token) is kept, plus one
   layer's full activations while it is recomputed.
-- logits: T x vocab at the compute dtype, twice (the logits and their gradient; the project's
-  log-prob kernel never copies them to fp32, train/algorithms/losses.py).
-- vLLM during the rollout: `rollout.gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its
-  activations, the rest KV cache at 2·layers·K·d·bytes per token / TP); during the update, with
-  `rollout.sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB assumed) stays.
+- logits: T x vocab at the compute dtype, twice (the logits and their gradient; log-probs are computed on
+  the micro-batch's packed tokens, so this is bounded by micro_batch_tokens whatever the rows' lengths).
+- attention: no T x T tensor on a GPU (variable-length flash / flex attention); `dense_attention` adds the
+  (1, 1, T, T) boolean mask of the CPU path.
+- old / reference log-prob passes (no grad): one layer's activations, the hidden states and the logits of
+  one micro-batch; the frozen reference (KL) adds its fp32 weights, sharded (4P/W).
+- micro-batches are built and moved to the device one at a time: one micro-batch's tensors are live.
+- vLLM during the rollout: `gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its activations, the
+  rest KV cache at 2·layers·K·d·bytes per token / TP); from the end of generation (before the log-prob
+  passes) to the next rollout, with `sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB) stays.
+  verl's performance-tuning guide (docs/perf/perf_tuning.rst): since vLLM 0.7 an instance uses
+  gpu_memory_utilization of the TOTAL memory, which is how it is counted here.
 
-FLOPs: 2·N per generated or prefilled token, 6·N per trained token (Kaplan et al. 2020), N = non-embedding
-parameters plus the LM head, and causal attention terms (train/flops.py); the step time is those
-FLOPs over W GPUs at a stated MFU (`mfu` for the update, `rollout_mfu` for generation, which is
-bandwidth-bound in decode and runs far below the update's MFU).
+Update time: 2·N per generated or prefilled token, 6·N per trained token (Kaplan et al. 2020), N =
+non-embedding parameters plus the LM head, and causal attention terms (train/flops.py), plus one forward
+per old/reference log-prob pass and, with gradient checkpointing, the recomputed forward (8·N per trained
+token in all); over W GPUs at a stated MFU (`mfu=`, default 0.4).
+
+Generation time (`generation_time`): decode is bound by memory bandwidth and KV capacity, not FLOPs. Each
+decode step streams the weights and the KV cache in use from HBM (datasheet bandwidth x `decode_bw=`, default
+0.6, an assumption) and emits one token per sequence in flight; the sequences in flight are those the KV
+cache holds at the mean context (prompt + response/2). E.g. Qwen3-4B at gpu_memory_utilization=0.5 on an
+H100: 31 GiB of KV = 228k tokens = ~50 sequences of 4.6k mean context against 256 requests per rank, so a
+rank decodes ~5 waves of 8192 steps. Prefill is compute-bound at `mfu`. How close: not yet checked
+against a measurement or a published figure at this shape (none was found; bench/gpu_check.py on a GPU is
+where to check it); `decode_bw` is the knob to calibrate.
+
+`startup_problems`: what fits but would not start (a judge server on the loopback of a node whose GPUs all
+train; a classifier judge without a tokenizer folder), each refused with its fix.
 """
 
 from __future__ import annotations
@@ -37,12 +57,16 @@ from pathlib import Path
 
 GIB = 2**30
 
-# usable memory as the driver reports it (nvidia-smi MiB) and dense bf16 tensor-core peak (datasheets, SXM)
+# usable memory as the driver reports it (nvidia-smi MiB), dense bf16 tensor-core peak and HBM bandwidth
+# (NVIDIA datasheets, SXM: H100 3.35 TB/s HBM3, H200 4.8 TB/s HBM3e, A100 80GB 2.039 TB/s HBM2e)
 GPUS = {
-    "h100": {"memory_gib": 81559 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9},
-    "h200": {"memory_gib": 143771 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9},
-    "a100-80g": {"memory_gib": 81920 / 1024, "bf16_tflops": 312.0, "fp32_tflops": 19.5},
+    "h100": {"memory_gib": 81559 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9, "hbm_tbps": 3.35},
+    "h200": {"memory_gib": 143771 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9, "hbm_tbps": 4.8},
+    "a100-80g": {"memory_gib": 81920 / 1024, "bf16_tflops": 312.0, "fp32_tflops": 19.5, "hbm_tbps": 2.039},
 }
+# Share of the HBM bandwidth a decode step streams at (weights + the KV cache it reads). An assumption, not a
+# measurement: memory-bound kernels reach ~60-80% of peak; `decode_bw=` overrides it.
+DECODE_BW_EFFICIENCY = 0.6
 CONTEXT_GIB = 1.0  # CUDA context, NCCL buffers, allocator fragmentation: kept free
 VLLM_ASLEEP_GIB = 1.0  # what a sleeping vLLM engine keeps (CUDA graph pool)
 
@@ -51,6 +75,15 @@ VLLM_ASLEEP_GIB = 1.0  # what a sleeping vLLM engine keeps (CUDA graph pool)
 KNOWN_MODELS = {
     "Qwen3-4B-Base": {
         "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
+    },
+    # Llama-3.1-8B-Instruct and Qwen3-0.6B: their config.json on huggingface.co (meta-llama/..., Qwen/...)
+    "Llama-3.1-8B-Instruct": {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False,
+    },
+    "Qwen3-0.6B": {
+        "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
     },
     "SmolLM2-135M-Instruct": {
@@ -122,6 +155,8 @@ class Workload:
     sleep_level: int
     max_model_len: int
     engine: str = "vllm"  # vllm | hf_generate (HF generate keeps a bf16 copy of the model and no sleep mode)
+    dense_attention: bool = False  # a (T, T) mask per micro-batch (SDPA with a mask: the CPU path); False on
+    # GPU, where attention is variable-length (flash / flex) and keeps no T x T tensor
 
 
 def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
@@ -133,6 +168,10 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
         "grads_fp32": 0.0 if w.cpu_offload else 4.0 * P / W,
         "adamw_fp32": 0.0 if w.cpu_offload else 8.0 * P / W,
         "unsharded_layers": 2.0 * arch.layer_params() * b,
+        # the root FSDP group (token embedding, LM head when untied, final norm): all-gathered at the compute
+        # dtype through the forward and backward, and its unsharded gradient before the fp32 reduce-scatter
+        "unsharded_root": (P - arch.layers * arch.layer_params()) * b,
+        "root_gradient": (P - arch.layers * arch.layer_params()) * 4.0,
     }
     h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
     per_token_layer = (4 * h + 4 * q + 4 * kv + 4 * i) * b
@@ -140,6 +179,21 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
     out["activations_no_ckpt"] = T * arch.layers * per_token_layer
     out["activations_ckpt"] = T * arch.layers * h * b + T * per_token_layer
     out["logits"] = 2.0 * T * arch.vocab * b
+    # the log-prob kernel's fp32 maths, a chunk of positions at a time: one fp32 chunk in the forward, two
+    # (the chunk and its exp) in the backward
+    out["logprob_temporaries"] = 1.0 * min(T, logprob_chunk_rows(arch.vocab)) * arch.vocab * 4
+    out["attention_mask"] = float(T * T) if w.dense_attention else 0.0  # bool (1, 1, T, T)
+    # the frozen reference policy (KL): fp32 weights, sharded, no gradients or optimizer
+    out["ref_params_fp32"] = 4.0 * P / W if (w.ref_pass and not w.cpu_offload) else 0.0
+    # a no-grad forward (old / reference log-probs): one layer's activations live at a time, the hidden
+    # states between layers, and the micro-batch's logits (log-probs computed on the packed tokens)
+    out["logprob_pass"] = (
+        T * per_token_layer
+        + 2.0 * T * h * b
+        + T * arch.vocab * b
+        + out["logprob_temporaries"]
+        + out["attention_mask"]
+    )
     out["vllm_weights"] = 2.0 * P / w.tensor_parallel_size
     if w.engine == "hf_generate":  # its own model copy, and the batch's KV cache while it generates
         per_rank = w.samples_per_step // w.world_size
@@ -152,11 +206,31 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
         out["vllm_kv_cache"] = max(0.0, out["vllm_rollout"] - out["vllm_weights"] - 1.0 * GIB)
         out["vllm_asleep"] = VLLM_ASLEEP_GIB * GIB if w.sleep_level else out["vllm_rollout"]
     activations = out["activations_ckpt"] if w.gradient_checkpointing else out["activations_no_ckpt"]
-    out["peak_update"] = (
-        state + out["unsharded_layers"] + activations + out["logits"] + out["vllm_asleep"] + CONTEXT_GIB * GIB
+    # the engine sleeps from the end of generation (before any log-prob pass) until the next rollout;
+    # micro-batches go to the device one at a time, so only one micro-batch's tensors are live
+    resident = state + out["ref_params_fp32"] + out["unsharded_layers"] + out["unsharded_root"]
+    resident += out["vllm_asleep"] + CONTEXT_GIB * GIB
+    out["update_growth"] = (  # what one micro-batch's forward + backward allocates above `resident`
+        out["root_gradient"]
+        + activations
+        + out["logits"]
+        + 2.0 * out["logprob_temporaries"]
+        + out["attention_mask"]
     )
-    out["peak_rollout"] = state + out["vllm_rollout"] + CONTEXT_GIB * GIB
+    out["peak_update"] = resident + out["update_growth"]
+    out["peak_logprobs"] = resident + out["logprob_pass"] if (w.old_logprob_pass or w.ref_pass) else 0.0
+    out["peak_rollout"] = state + out["ref_params_fp32"] + out["vllm_rollout"] + CONTEXT_GIB * GIB
     return {k: v / GIB for k, v in out.items()}
+
+
+LOGPROB_CHUNK_ELEMENTS = (
+    2**25
+)  # fp32 values per chunk of the log-prob kernel (train/policy/packed_logprobs.py)
+
+
+def logprob_chunk_rows(vocab: int) -> int:
+    """Positions per chunk of the log-prob kernel's fp32 maths (about LOGPROB_CHUNK_ELEMENTS values)."""
+    return max(1, LOGPROB_CHUNK_ELEMENTS // max(vocab, 1))
 
 
 def kv_bytes_per_token(arch: Arch, tp: int) -> float:
@@ -174,7 +248,66 @@ def step_flops(arch: Arch, w: Workload) -> dict[str, float]:
     work = StepWork([w.prompt_tokens] * prompts, [w.response_tokens] * w.samples_per_step, w.n)
     train = training_flops(dims, work, w.shared_prompts)
     forward_only = train / 3.0 * (int(w.old_logprob_pass) + int(w.ref_pass))
-    return {"generation": generation_flops(dims, work), "update": train * w.epochs + forward_only}
+    # gradient checkpointing runs every layer's forward again in the backward: 4 forwards' worth, not 3
+    recompute = train / 3.0 * w.epochs if w.gradient_checkpointing else 0.0
+    return {
+        "generation": generation_flops(dims, work),
+        "update": train * w.epochs + forward_only + recompute,
+        "recompute": recompute,
+        "logprob_passes": forward_only,
+    }
+
+
+def generation_time(
+    arch: Arch, w: Workload, mem: dict[str, float], spec: dict, bw_eff: float, mfu: float
+) -> dict:
+    """Seconds of one step's generation on each engine, decode priced by memory traffic and KV capacity.
+
+    Each engine (a TP group) serves samples_per_step x TP / world requests. With continuous batching the
+    sequences in flight are limited by the KV cache: at a mean context of prompt + response/2 tokens it holds
+    `concurrency` of them. Every decode step streams the weights (2P/TP bytes) and the KV cache in use
+    (concurrency x mean context x KV bytes per token) from HBM at `bw_eff` of its bandwidth, and emits one
+    token per sequence in flight; requests x response / concurrency steps finish the batch. Prefill is
+    compute-bound (2N FLOPs per prompt token, prefix-cached once per group) at `mfu` of the dense peak.
+    """
+    tp = w.tensor_parallel_size
+    requests = w.samples_per_step * tp / w.world_size
+    per_token = kv_bytes_per_token(arch, tp)
+    kv_tokens = mem["vllm_kv_cache"] * GIB / per_token if mem["vllm_kv_cache"] > 0 else 0.0
+    mean_context = w.prompt_tokens + w.response_tokens / 2.0
+    concurrency = max(1.0, min(requests, kv_tokens / mean_context)) if kv_tokens else 1.0
+    step_bytes = 2.0 * arch.params() / tp + concurrency * mean_context * per_token
+    step_s = step_bytes / (spec["hbm_tbps"] * 1e12 * bw_eff)
+    # the step's matmuls at the dense peak: decode stays bandwidth-bound while this is the smaller
+    step_compute_s = (
+        2.0
+        * (arch.non_embedding_params() + arch.embedding_params())
+        / tp
+        * concurrency
+        / (spec["bf16_tflops"] * 1e12 * mfu)
+    )
+    steps = requests * w.response_tokens / concurrency
+    prefill_s = (
+        2.0
+        * arch.non_embedding_params()
+        * (requests / w.n)
+        * w.prompt_tokens
+        / tp
+        / (spec["bf16_tflops"] * 1e12 * mfu)
+    )
+    decode_s = steps * max(step_s, step_compute_s)
+    return {
+        "requests": requests, "kv_tokens": kv_tokens, "concurrency": concurrency, "step_ms": 1e3 * step_s,
+        "tokens_per_s": concurrency / max(step_s, step_compute_s), "decode_s": decode_s,
+        "prefill_s": prefill_s, "total_s": decode_s + prefill_s,
+    }  # fmt: skip
+
+
+def _engine_setting(rollout, key: str):
+    """An engine knob from `rollout.engine` (where the engine's own settings live) or, in configs written
+    before they moved there, from `rollout` itself."""
+    engine = rollout.get("engine") or {}
+    return engine[key] if key in engine else rollout.get(key)
 
 
 def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload:
@@ -197,10 +330,10 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
         compute_bytes=2 if precision == "bf16" else 4,
         gradient_checkpointing=bool(pol.gradient_checkpointing),
         cpu_offload=bool(pol.cpu_offload),
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        tensor_parallel_size=r.tensor_parallel_size,
-        sleep_level=r.sleep_level,
-        max_model_len=r.max_model_len,
+        gpu_memory_utilization=_engine_setting(r, "gpu_memory_utilization"),
+        tensor_parallel_size=_engine_setting(r, "tensor_parallel_size"),
+        sleep_level=_engine_setting(r, "sleep_level"),
+        max_model_len=_engine_setting(r, "max_model_len"),
         engine="hf_generate" if str(r.engine.get("_target_", "")).endswith("HFEngine") else "vllm",
     )
 
@@ -268,10 +401,55 @@ def problems(arch: Arch, w: Workload, mem: dict[str, float], gpu_gib: float) -> 
     return out
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def _servers(node, path: str = "reward") -> list[tuple[str, dict]]:
+    """(config path, node) of every component under `reward` that talks to a server (`base_url`)."""
+    from omegaconf import DictConfig, ListConfig
+
+    found = []
+    if isinstance(node, DictConfig):
+        if "base_url" in node:
+            found.append((path, node))
+        for key in node:
+            found += _servers(node[key], f"{path}.{key}")
+    elif isinstance(node, ListConfig):
+        for i, item in enumerate(node):
+            found += _servers(item, f"{path}.{i}")
+    return found
+
+
+def startup_problems(cfg, gpus_per_node: int = 8) -> list[str]:
+    """What would stop the run at start although it fits, each with the fix: a judge server on this node's
+    loopback when every GPU of the node trains (the server has no GPU to run on), a classifier judge with
+    only a served model name for its tokenizer (the pair text needs the checkpoint's [CLS]/[SEP])."""
+    from urllib.parse import urlparse
+
+    out = []
+    for path, node in _servers(cfg.get("reward")):
+        target = str(node.get("_target_", ""))
+        host = urlparse(str(node.base_url)).hostname or ""
+        if host in LOOPBACK and cfg.world_size >= gpus_per_node:
+            out.append(
+                f"{path}.base_url={node.base_url} is this node, whose {gpus_per_node} GPUs all train "
+                f"(world_size={cfg.world_size}): serve the judge on another node (`vllm serve CKPT --runner "
+                f"pooling --port PORT`) and pass {path}.base_url=http://HOST:PORT"
+            )
+        if target.endswith("VLLMClassifyJudge") and not node.get("tokenizer"):
+            model = str(node.get("model", ""))
+            if not (Path(model).is_absolute() or model.startswith(".")):
+                out.append(
+                    f"{path}.model={model!r} is a served name, not a checkpoint folder, and {path}.tokenizer "
+                    f"is unset: pass {path}.tokenizer=<local folder of the classifier checkpoint>"
+                )
+    return out
+
+
 def report(
-    cfg, gpu: str, mfu: float, rollout_mfu: float, prompt_tokens: int | None = None
+    cfg, gpu: str, mfu: float, decode_bw: float, prompt_tokens: int | None = None, gpus_per_node: int = 8
 ) -> tuple[str, bool]:
-    """The printed plan and whether the config fits."""
+    """The printed plan and whether the config fits (and can start)."""
     spec = GPUS[gpu]
     arch, where = arch_of(cfg.model.path)
     w = workload_from_config(cfg, prompt_tokens)
@@ -279,8 +457,9 @@ def report(
     flops = step_flops(arch, w)
     peak = (spec["bf16_tflops"] if w.compute_bytes == 2 else spec["fp32_tflops"]) * 1e12
     t_update = flops["update"] / (w.world_size * peak * mfu)
-    t_gen = flops["generation"] / (w.world_size * peak * rollout_mfu)
-    kv_tokens = mem["vllm_kv_cache"] * GIB / kv_bytes_per_token(arch, w.tensor_parallel_size)
+    gen = generation_time(arch, w, mem, spec, decode_bw, mfu)
+    t_gen = gen["total_s"]
+    kv_tokens = gen["kv_tokens"]
     act = (
         "activations with checkpointing" if w.gradient_checkpointing else "activations without checkpointing"
     )
@@ -307,6 +486,7 @@ def report(
         row("gradients fp32 (sharded)", mem["grads_fp32"]),
         row("AdamW moments fp32 (sharded)", mem["adamw_fp32"]),
         row("unsharded layers (2, compute dtype)", mem["unsharded_layers"]),
+        row("unsharded embedding/head (+ fp32 gradient)", mem["unsharded_root"] + mem["root_gradient"]),
         row(
             "activations, no checkpointing",
             mem["activations_no_ckpt"],
@@ -317,7 +497,13 @@ def report(
             mem["activations_ckpt"],
             "<- used" if w.gradient_checkpointing else "",
         ),
-        row("logits + their gradient", mem["logits"]),
+        row("logits + their gradient (one micro-batch)", mem["logits"]),
+        row("log-prob kernel's fp32 chunk (x2 in backward)", mem["logprob_temporaries"]),
+        row(
+            "attention mask (dense only)", mem["attention_mask"], "" if w.dense_attention else "varlen: none"
+        ),
+        row("reference policy fp32 (sharded)", mem["ref_params_fp32"], "" if w.ref_pass else "no KL: none"),
+        row("old/ref log-prob pass (one micro-batch)", mem["logprob_pass"]),
         row(
             engine_label,
             mem["vllm_rollout"],
@@ -333,23 +519,47 @@ def report(
             mem["vllm_asleep"],
         ),
         row("peak in the rollout", mem["peak_rollout"]),
+        row("peak in the log-prob passes (engine asleep)", mem["peak_logprobs"]),
         row("peak in the update", mem["peak_update"], act),
         "",
-        f"FLOPs per step: generation {flops['generation'] / 1e12:,.1f} TFLOP, update {flops['update'] / 1e12:,.1f} TFLOP",
-        f"time per step: update {t_update:.3g} s at MFU {mfu:.2f} + generation {t_gen:.3g} s at MFU {rollout_mfu:.2f}"
-        f" = {t_update + t_gen:.3g} s ({(t_update + t_gen) * cfg.total_steps / 3600:.3g} h for {cfg.total_steps} steps)",
+        f"FLOPs per step: generation {flops['generation'] / 1e12:,.1f} TFLOP, update {flops['update'] / 1e12:,.1f} "
+        f"TFLOP (of which checkpointing's recompute {flops['recompute'] / 1e12:,.1f}, old/ref log-prob passes "
+        f"{flops['logprob_passes'] / 1e12:,.1f})",
+        f"generation per engine: {gen['requests']:.0f} requests, {gen['concurrency']:.1f} in flight (KV cache "
+        f"{kv_tokens:,.0f} tokens / {w.prompt_tokens + w.response_tokens / 2:,.0f} mean context), decode step "
+        f"{gen['step_ms']:.1f} ms at {decode_bw:.2f} x {spec['hbm_tbps']} TB/s = {gen['tokens_per_s']:,.0f} tokens/s; "
+        f"decode {gen['decode_s']:.3g} s + prefill {gen['prefill_s']:.3g} s",
+        f"time per step: update {t_update:.3g} s at MFU {mfu:.2f} + generation {t_gen:.3g} s (bandwidth- and "
+        f"KV-bound) = {t_update + t_gen:.3g} s ({(t_update + t_gen) * cfg.total_steps / 3600:.3g} h for "
+        f"{cfg.total_steps} steps)",
+        at_risk_line(cfg.get("save_every", 0), t_update + t_gen, cfg.total_steps),
     ]
     bad = problems(arch, w, mem, spec["memory_gib"])
+    blocked = startup_problems(cfg, gpus_per_node)
     lines.append("")
     lines += [f"DOES NOT FIT: {p}" for p in bad] if bad else ["fits"]
-    return "\n".join(lines), not bad
+    lines += [f"CANNOT START: {p}" for p in blocked]
+    return "\n".join(lines), not bad and not blocked
+
+
+def at_risk_line(save_every: int, step_s: float, total_steps: int) -> str:
+    """How much work a kill (preemption, node failure, time limit) loses at most: the steps since the last
+    checkpoint. `save_every` of the paper presets is set from this (about 2 h at most)."""
+    every = save_every if save_every and save_every > 0 else total_steps
+    return f"checkpoints: every {every} steps = {every * step_s / 3600:.2g} h of work at risk between saves"
 
 
 def row(label: str, gib: float, note: str = "") -> str:
     return f"  {label:<44}{gib:9.2f}" + (f"   {note}" if note else "")
 
 
-PLAN_KEYS = {"gpu": "h100", "mfu": "0.4", "rollout_mfu": "0.1", "prompt_tokens": ""}
+PLAN_KEYS = {
+    "gpu": "h100",
+    "mfu": "0.4",
+    "decode_bw": str(DECODE_BW_EFFICIENCY),
+    "prompt_tokens": "",
+    "gpus_per_node": "8",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,8 +587,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text, fits = report(
-        cfg, own["gpu"], float(own["mfu"]), float(own["rollout_mfu"]), int(own["prompt_tokens"] or 0) or None
-    )
+        cfg, own["gpu"], float(own["mfu"]), float(own["decode_bw"]), int(own["prompt_tokens"] or 0) or None,
+        int(own["gpus_per_node"]),
+    )  # fmt: skip
     print(text)
     return 0 if fits else 1
 

@@ -10,8 +10,6 @@ predicts response token t (the state before it), the convention of `train.algori
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from transformers import AutoModelForTokenClassification
 
@@ -24,9 +22,10 @@ class Critic(Policy):
 
     metric_prefix = "critic"
 
-    def _load_model(self, model_path: str | Path) -> torch.nn.Module:
-        return AutoModelForTokenClassification.from_pretrained(
-            str(model_path), num_labels=1, dtype=torch.float32, attn_implementation=self.attn_implementation
+    def _model_from_config(self, config) -> torch.nn.Module:
+        config.num_labels = 1
+        return AutoModelForTokenClassification.from_config(
+            config, dtype=torch.float32, attn_implementation=self.attn_implementation
         )
 
     def _forward(

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from train.policy.batching import (
@@ -41,6 +41,7 @@ from train.policy.batching import (
     make_shared_micro_batches,
 )
 from train.policy.distributed import all_reduce_max, device
+from train.policy.meta_init import build_on_meta, fresh_parameters, materialize, weight_files
 from train.policy.precision import PRECISIONS, resolve_precision
 
 ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")
@@ -94,7 +95,11 @@ class Policy:
                 "policy.attn_implementation=flash_attention_2 cannot run the shared-prompt layout's 4-D mask:"
                 " set policy.pack_sequences=true (padding-free rows) or policy.share_prompts=false"
             )
-        model = self._load_model(model_path)
+        # parameters on the meta device, sharded, then each rank reads its own rows (meta_init.py)
+        config = AutoConfig.from_pretrained(str(model_path))
+        files = weight_files(model_path)
+        model = build_on_meta(lambda: self._model_from_config(config))
+        fresh = fresh_parameters(model, files)
         self.config = model.config
         if gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -108,7 +113,11 @@ class Policy:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         for layer in model.model.layers:
             fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)  # moves the shards to the mesh's device (or keeps them on the CPU)
+        fully_shard(model, **kwargs)
+        # the shards' storage on the device (the host when offloaded; buffers stay on the device), then the rows
+        materialize(
+            model, files, fresh, torch.device("cpu") if self.cpu_offload else self.device, self.device
+        )
         self.model = model
         if trainable:
             model.train()
@@ -126,10 +135,11 @@ class Policy:
 
     metric_prefix = "actor"  # train_step's grad_norm / micro_batches metrics: <prefix>/...
 
-    def _load_model(self, model_path: str | Path) -> torch.nn.Module:
-        """The HF model to shard (a subclass may load another head on the same trunk: critic.py)."""
-        return AutoModelForCausalLM.from_pretrained(
-            str(model_path), dtype=torch.float32, attn_implementation=self.attn_implementation
+    def _model_from_config(self, config) -> torch.nn.Module:
+        """The HF model to shard, built from its config (a subclass puts another head on the same trunk:
+        critic.py); called under `build_on_meta`, the weights come from the files after sharding."""
+        return AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, attn_implementation=self.attn_implementation
         )
 
     # ---- forward -------------------------------------------------------------------------------

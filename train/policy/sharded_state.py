@@ -2,7 +2,7 @@
 
     save_sharded(policy, folder)   # collective: every rank writes its own shards of model + optimizer
     load_sharded(policy, folder)   # collective: any world size, resharded on load
-    export_hf(policy, folder, ...) # collective: the model alone as an HF folder, written by rank 0
+    export_hf(policy, folder, ...) # collective: the model alone as an HF folder, each rank writes its share
 
 Why: gathering the full model AND the AdamW state onto rank 0 costs 16 bytes per parameter of one
 host's memory (64 GB for a 4B model) and serialises the write; with DCP each rank writes 16/world bytes
@@ -12,8 +12,10 @@ per parameter in parallel, and the checkpoint's metadata lets a job of another w
 so the files do not depend on how the model was wrapped.
 
 The HF export streams: each parameter is all-gathered alone (`DTensor.full_tensor()`), cast to the
-export dtype, and rank 0 appends it to the current safetensors shard, written out every `shard_mb`; the
-whole model is never resident on one rank. Tied output embeddings are written once, as HF expects.
+export dtype, and kept by the one rank whose contiguous share (~1/world of the bytes) it falls in; every rank
+writes its share in files of at most `shard_mb` at the same time, rank 0 names them and writes the index: the
+whole model is never resident on one rank, and no rank waits for the whole model's write. Tied output
+embeddings are written once, as HF expects.
 
 These write into the folder they are given; train/checkpoint.py owns the step layout and makes a step
 appear whole (temporary name, manifest, fsync, rename).
@@ -32,7 +34,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from train.policy.distributed import barrier
+from train.policy.distributed import all_gather_objects, barrier, io_group
 
 MODEL_KEY, OPTIM_KEY = "model", "optim"
 
@@ -52,9 +54,10 @@ def _state(policy) -> dict:
 
 
 def save_sharded(policy, folder: str | Path) -> Path:
-    """Write this rank's shards of the model and optimizer into `folder`. Collective."""
+    """Write this rank's shards of the model and optimizer into `folder`. Collective; DCP's own coordination
+    (plans, the metadata rank 0 writes) goes through the I/O group, as torchtitan's saves do."""
     folder = Path(folder)
-    dcp.save(_state(policy), checkpoint_id=str(folder))
+    dcp.save(_state(policy), checkpoint_id=str(folder), process_group=io_group())
     return folder
 
 
@@ -81,32 +84,40 @@ def export_hf(
     shard_mb: int = 2048,
     extra_files: tuple[Path, ...] = (),
 ) -> Path:
-    """The model alone as an HF folder `dest` (config, safetensors shards + index, tokenizer), streamed.
+    """The model alone as an HF folder `dest` (config, safetensors files + index, tokenizer), streamed.
 
     `dtype`: float32 (the master weights) or bfloat16 (half the bytes; what a bf16 vLLM engine loads).
-    Collective: every rank gathers each parameter in turn; rank 0 writes.
+    Collective: every rank gathers each parameter in turn and keeps those of its own contiguous share (about
+    1/world of the bytes), then every rank writes and fsyncs its share at once; rank 0 names the files, writes
+    the index and config. The ranks wait for each other in the I/O group (gloo, an I/O-sized timeout), so a
+    slow file system never holds a rank inside an NCCL collective (whose watchdog ends the job at 10 min).
     """
     folder = Path(dest)
     torch_dtype = getattr(torch, dtype)
-    rank = _rank()
+    rank, world = _rank(), (dist.get_world_size() if dist.is_initialized() else 1)
     tied = bool(getattr(policy.config, "tie_word_embeddings", False))
-    if rank == 0:
-        folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)  # every rank writes here (a shared file system across nodes)
+    owner = _owners(policy, tied, world)
     shard: dict[str, torch.Tensor] = {}
-    shard_bytes, files, weight_map, total = 0, [], {}, 0
+    shard_bytes, files, weight_map = 0, [], {}
     for name, full in policy.full_weights():  # collective: each parameter gathered alone
-        if rank != 0 or (tied and name == "lm_head.weight"):
+        if owner.get(name) != rank:
             continue
-        tensor = full.detach().to(device="cpu", dtype=torch_dtype)
+        tensor = full.detach().to(device="cpu", dtype=torch_dtype).contiguous()
         size = tensor.numel() * tensor.element_size()
         if shard and shard_bytes + size > shard_mb * 2**20:
-            files.append(_write_shard(folder, shard, len(files), weight_map))
+            files.append(_write_shard(folder, shard, f"{rank:05d}-{len(files):05d}", weight_map))
             shard, shard_bytes = {}, 0
-        shard[name] = tensor.contiguous()
+        shard[name] = tensor
         shard_bytes += size
-        total += size
+    if shard:
+        files.append(_write_shard(folder, shard, f"{rank:05d}-{len(files):05d}", weight_map))
+    total = sum((folder / f).stat().st_size for f in files)
+    group = io_group()
+    parts = all_gather_objects((files, weight_map, total), group=group)  # every rank's share is on disk
     if rank == 0:
-        files.append(_write_shard(folder, shard, len(files), weight_map))
+        files = [f for part in parts for f in part[0]]
+        weight_map = {k: v for part in parts for k, v in part[1].items()}
         if len(files) == 1:  # one file: the plain name every loader looks for first
             os.replace(folder / files[0], folder / "model.safetensors")
         else:
@@ -114,7 +125,7 @@ def export_hf(
             for old, new in renamed.items():
                 os.replace(folder / old, folder / new)
             index = {
-                "metadata": {"total_size": total},
+                "metadata": {"total_size": sum(part[2] for part in parts)},
                 "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())},
             }
             (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
@@ -128,12 +139,34 @@ def export_hf(
         for extra in extra_files:
             if Path(extra).is_file():
                 shutil.copy(extra, folder / Path(extra).name)
-    barrier()
+    barrier(group)
     return folder
 
 
-def _write_shard(folder: Path, shard: dict[str, torch.Tensor], index: int, weight_map: dict) -> str:
-    name = f"part-{index:05d}.safetensors"
+def _owners(policy, tied: bool, world: int) -> dict[str, int]:
+    """Which rank writes each exported parameter: contiguous runs in `full_weights` order, cut where the
+    running size crosses k/world of the total (every rank computes the same from the global shapes)."""
+    sizes = [
+        (name, p.numel())
+        for name, p in policy.model.named_parameters()  # deduplicated as full_weights does
+        if not (tied and name == "lm_head.weight")
+    ]
+    total, done, owner = sum(n for _, n in sizes) or 1, 0, {}
+    for name, n in sizes:
+        owner[name] = min(world - 1, done * world // total)
+        done += n
+    return owner
+
+
+def _write_shard(folder: Path, shard: dict[str, torch.Tensor], tag: str, weight_map: dict) -> str:
+    """One safetensors file of this rank's share, fsynced by its writer (on a network file system another
+    node's fsync would not flush it)."""
+    name = f"part-{tag}.safetensors"
     save_file(shard, folder / name, metadata={"format": "pt"})
+    fd = os.open(folder / name, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     weight_map.update(dict.fromkeys(shard, name))
     return name
