@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 from math_grader.equiv import quick_equiv
 from math_grader.pool import get_pool, shutdown_pool
-from math_grader.text import MAX_RESPONSE_CHARS, last_boxed, normalize_answer
+from math_grader.text import MAX_RESPONSE_CHARS, normalize_answer
 from math_grader.text import extract_answer as _extract
 
 __all__ = [
@@ -53,32 +53,24 @@ def extract_answer(text: str) -> str | None:
     return _extract(text)
 
 
-def _gold_text(gold: str) -> str:
-    """Golds are bare answers, but tolerate '$...$' and '\\boxed{...}' wrappers."""
-    gold = str(gold).strip()
-    tail = gold[-MAX_RESPONSE_CHARS:]
-    if "\\boxed" in tail or "\\fbox" in tail:
-        return last_boxed(tail) or gold
-    return gold
-
-
 _SOLUTION_HINT_RE = re.compile(
-    r"\\boxed|\\fbox|</answer>|####|\n|answer|答案|答え|respuesta|r[ée]ponse|antwort|ответ", re.IGNORECASE
+    r"\\boxed|\\fbox|</answer>|####|answer|答案|答え|respuesta|r[ée]ponse|antwort|ответ", re.IGNORECASE
 )
 _PROSE_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 
 
-def _answer_text(prediction: str) -> str:
-    """A whole solution passed where an answer is expected gets its final answer extracted first; an
-    answer (however long: a big matrix) is left alone. A solution has a box, a newline, an answer phrase
-    or prose (five or more words outside LaTeX commands)."""
-    prediction = str(prediction)
-    if len(prediction) <= 40 and "\n" not in prediction and "\\boxed" not in prediction:
-        return prediction
-    tail = prediction[-MAX_RESPONSE_CHARS:]
-    if _SOLUTION_HINT_RE.search(tail) or len(_PROSE_WORD_RE.findall(tail, 0, 2000)) >= 5:
-        return extract_answer(prediction) or prediction
-    return prediction
+def _answer_text(text: str) -> str:
+    """The answer a side of a comparison states, by the same rule for the prediction and the gold: a whole
+    solution (a box, an answer tag or phrase, or prose: five or more words outside LaTeX commands) gets its
+    final answer extracted; an answer (however long: a big matrix) is left alone."""
+    text = str(text)
+    if len(text) <= 40 and "\\boxed" not in text:
+        return text
+    head, tail = text[:MAX_RESPONSE_CHARS], text[-MAX_RESPONSE_CHARS:]
+    hint = _SOLUTION_HINT_RE.search(head) or _SOLUTION_HINT_RE.search(tail)
+    if hint or len(_PROSE_WORD_RE.findall(head, 0, 2000)) >= 5:
+        return extract_answer(text) or text
+    return text
 
 
 def _cache_get(key: tuple[str, str, bool]) -> bool | None:
@@ -112,7 +104,7 @@ def _equiv_many(
         if pred is None or not str(pred).strip():
             out.append(False)
             continue
-        key = (str(pred).strip(), _gold_text(gold), ordered)
+        key = (str(pred).strip(), _answer_text(gold).strip(), ordered)
         if len(key[0]) > MAX_ANSWER_CHARS or len(key[1]) > MAX_ANSWER_CHARS:
             out.append(key[0] == key[1])  # no real answer is this long: exact match only, no parsing
             continue

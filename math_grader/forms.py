@@ -237,7 +237,7 @@ def quantity(s: str) -> tuple[str, str, Fraction] | None:
 # ---------------------------------------------------------------------------------------------------
 _CHOICE_RE = re.compile(
     r"(?:(?:option|choice|answer)\s*:?\s*)?"
-    r"(?:\(([A-E])\)|\[([A-E])\]|([A-E])(?:[.):](?=\s|$|[^A-Za-z])|$))\s*(.*)",
+    r"(?:\(([A-E])\)|\[([A-E])\]|([A-E])(?:[.):](?=\s|$|[^A-Za-z])|$|\s+(?=[A-Z][a-z]{2,})))\s*(.*)",
     re.IGNORECASE | re.DOTALL,
 )
 _CHOICE_WRAP_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textrm|mbox)\s*\{([^{}]*)\}")
@@ -250,7 +250,7 @@ class Choice:
 
 
 def choice(s: str) -> Choice | None:
-    """'(B)', 'B)', 'B.', 'option B', '\\text{(B) } 12', '**B**' -> Choice('B', text)."""
+    """'(B)', 'B)', 'B.', 'option B', '\\text{(B) } 12', '**B**', 'B Paris' -> Choice('B', text)."""
     s = _CHOICE_WRAP_RE.sub(r"\1", s).replace("**", "").replace("$", " ").strip()
     if len(s) > 300:
         return None

@@ -209,6 +209,30 @@ def _after_last_equals(content: str) -> str:
     return _EQUALS_SPLIT_RE.split(content)[-1].strip()
 
 
+_SPAN_JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*")
+
+
+def _joined_spans(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """The last span's value, with the spans before it joined by ',' / 'and' / 'or' ('$x = 2$ and $x = -3$'
+    is '2, -3': Math-Verify reads such a run as one listed answer)."""
+
+    def lhs(content: str) -> str:
+        parts = _EQUALS_SPLIT_RE.split(content)
+        return re.sub(r"\s", "", parts[0]) if len(parts) > 1 else ""
+
+    k, values = len(spans) - 1, [_after_last_equals(spans[-1][2])]
+    while (
+        k > 0
+        and len(values) < MAX_BOXES
+        and lhs(spans[k - 1][2])
+        == lhs(spans[k][2])  # '$x = 2$ and $x = -3$', not '$\\det A = 5$ and $A^{-1} = ..$'
+        and _SPAN_JOIN_RE.fullmatch(text[spans[k - 1][1] : spans[k][0]])
+    ):
+        k -= 1
+        values.insert(0, _after_last_equals(spans[k][2]))
+    return ", ".join(v for v in values if v)
+
+
 def final_expression(text: str) -> str | None:
     """The last expression of a sentence or a solution: the last number of its own, or, when that number
     sits in the last $...$ span (or there is no number at all), that span after its last '='."""
@@ -217,7 +241,7 @@ def final_expression(text: str) -> str | None:
     if numbers:
         last = numbers[-1]
         if spans and spans[-1][0] <= last.start() and last.end() <= spans[-1][1]:
-            return _after_last_equals(spans[-1][2]) or last.group(1)
+            return _joined_spans(text, spans) or last.group(1)
         return last.group(1)
     if spans:
         return _after_last_equals(spans[-1][2]) or None
@@ -270,7 +294,7 @@ def _phrase_value(text: str, end: int) -> str | None:
             value = value[: reason.start()]
         if _CJK_RE.search(value) or len(_prose_words(value)) >= 2:
             value = final_expression(value) or value  # 'The smallest $k$ is 12.' -> '12'
-    value = value.strip().strip("*").strip()
+    value = re.sub(r"^\*+|\*\*$", "", value.strip()).strip()  # markdown bold, not a starred 'B*'
     return _strip_math_delims(value).rstrip(".,;:").strip() or None
 
 
@@ -491,7 +515,10 @@ def _remove_trailing_units(s: str) -> str:
     s = _drop_trailing_words(s)
     for _ in range(3):
         m = _TRAILING_TEXT_RE.search(s)
-        if m and s[: m.start()].strip() and _is_unit_text(m.group(1)):
+        spaced_letter = (
+            re.search(r"\d\s$", s[: m.start()]) and re.fullmatch(r"[A-Za-z]", m.group(1)) if m else None
+        )
+        if m and s[: m.start()].strip() and (_is_unit_text(m.group(1)) or spaced_letter):
             s = s[: m.start()].rstrip()
             continue
         new = _TRAILING_UNIT_RE.sub("", s).rstrip()
@@ -652,6 +679,7 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     boxed = last_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
     s = boxed if boxed is not None else s
     s = s.strip().rstrip(".").strip()
+    s = re.sub(r"(?<!\\)\\,(?=\s*\\(?:text|mathrm|mbox)\b)", " ", s)  # '2.5\\,\\text{L}': space, unit
     s = re.sub(r"(?<!\\)\\[!,]|\{,\}", lambda m: "," if m.group() == "{,}" else "", s)
     s = re.sub(r"(?<!\\)\\[;: ]|~|\\q?quad(?![a-zA-Z])", " ", s)
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle|middle)(?![a-zA-Z])", "", s).replace(
@@ -687,6 +715,7 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
         s,
     )
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+    s = re.sub(r"\\(?:euro|pounds|yen)(?![a-zA-Z])|[€£¥₹]", "", s)  # currency signs, as '$' above
     s = _remove_trailing_units(s.strip())
     s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
     s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
@@ -711,8 +740,8 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     s = _repeating_decimal(_fix_sqrt(_fix_fracs(s)))
     s = re.sub(r"(\d)\.0+(?![\d])", r"\1", s)
     s = re.sub(r"(\d\.\d*?[1-9])0+(?![\d])", r"\1", s)
-    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):
-        s = s.replace(",", "")
+    # a comma after digits with a space next ('12, 345') separated list items before the spaces went:
+    # thousands were read above, on the answer as written (plain_number), never here
     s = re.sub(r"(?:\\\\|\\|,|\.|;)+$", "", s)
     s = s.lstrip(":").strip()
     if s.startswith("+") and len(s) > 1 and "," not in s:
