@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     if reference is not None:
         # it memoises parses: time its first run only
-        columns["math-verify"], timings["math-verify"], _ = run_cases(reference.verdict, cases, lambda: None, 1)
+        columns["math-verify"], timings["math-verify"], _ = run_cases(
+            reference.verdict, cases, lambda: None, 1
+        )
     for title, part in (("", slice(0, len(tuned))), ("held-out ", slice(len(tuned), len(cases)))):
         part_cases = cases[part]
         part_columns = {name: col[part] for name, col in columns.items()}

@@ -26,7 +26,7 @@ from evals.common.cli import main
 from evals.common.generation import Sampling
 from evals.common.metrics import best_of_k_index, group_by_equivalence, majority_index, mean_ci
 from evals.common.suite import EvalContext
-from math_grader import extract_answer, grade_batch, normalize_answer
+from math_grader import extract_answer, grade_batch, normalize_answer, start_workers
 from train.algorithms.pass_at_k import pass_at_k
 from train.models import PROJECT_ROOT
 
@@ -154,6 +154,7 @@ class MathSuite:
         sampling = Sampling(
             n=a.n, temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed
         )
+        start_workers()  # the grader's workers start while the responses are generated
         responses = ctx.generate([it["prompt"] for it in items], sampling)
         flat = [r for rs in responses for r in rs]
         golds = [it["gold"] for it, rs in zip(items, responses) for _ in rs]

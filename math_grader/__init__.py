@@ -21,13 +21,18 @@ than MAX_ANSWER_CHARS (either side) is compared as a string only, so `grade` sta
 
 from __future__ import annotations
 
-import re
 import time
 from collections import OrderedDict
 
 from math_grader.equiv import quick_equiv
 from math_grader.pool import get_pool, shutdown_pool
-from math_grader.text import MAX_RESPONSE_CHARS, normalize_answer
+from math_grader.text import (
+    MAX_RESPONSE_CHARS,
+    is_solution,
+    last_boxed,
+    normalize_answer,
+    reduce_arithmetic_chain,
+)
 from math_grader.text import extract_answer as _extract
 
 __all__ = [
@@ -36,10 +41,12 @@ __all__ = [
     "grade",
     "grade_batch",
     "is_equiv",
+    "last_boxed",
     "MAX_ANSWER_CHARS",
     "MAX_RESPONSE_CHARS",
     "normalize_answer",
     "shutdown_pool",
+    "start_workers",
     "warm_up",
 ]
 
@@ -53,24 +60,12 @@ def extract_answer(text: str) -> str | None:
     return _extract(text)
 
 
-_SOLUTION_HINT_RE = re.compile(
-    r"\\boxed|\\fbox|</answer>|####|answer|答案|答え|respuesta|r[ée]ponse|antwort|ответ", re.IGNORECASE
-)
-_PROSE_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
-
-
 def _answer_text(text: str) -> str:
-    """The answer a side of a comparison states, by the same rule for the prediction and the gold: a whole
-    solution (a box, an answer tag or phrase, or prose: five or more words outside LaTeX commands) gets its
-    final answer extracted; an answer (however long: a big matrix) is left alone."""
+    """The answer a side of a comparison states, by the same rule for the prediction and the gold: a
+    solution (`math_grader.text.is_solution`: an answer marker, or prose) gets its final answer extracted;
+    an answer (however long: a big matrix) is left alone."""
     text = str(text)
-    if len(text) <= 40 and "\\boxed" not in text:
-        return text
-    head, tail = text[:MAX_RESPONSE_CHARS], text[-MAX_RESPONSE_CHARS:]
-    hint = _SOLUTION_HINT_RE.search(head) or _SOLUTION_HINT_RE.search(tail)
-    if hint or len(_PROSE_WORD_RE.findall(head, 0, 2000)) >= 5:
-        return extract_answer(text) or text
-    return text
+    return (extract_answer(text) or text) if is_solution(text) else reduce_arithmetic_chain(text)
 
 
 def _cache_get(key: tuple[str, str, bool]) -> bool | None:
@@ -125,8 +120,15 @@ def _equiv_many(
     return [bool(v) for v in out]
 
 
+def start_workers(num_workers: int | None = None) -> None:
+    """Start the sympy worker processes without waiting for them: the math reward and the math eval call
+    this when they are built, so the workers are ready by the time the first responses are graded and no
+    grading call pays their start (~1-2 s of importing sympy)."""
+    get_pool(num_workers).start()
+
+
 def warm_up(num_workers: int | None = None) -> None:
-    """Start the worker processes now (they take ~1-2 s to import sympy) instead of on the first batch."""
+    """Start the worker processes and wait until they have answered once (benchmarks, tests)."""
     get_pool(num_workers).run([("x+1", "1+x", False)], timeout_s=30.0)
 
 

@@ -237,8 +237,11 @@ def answer_forms(pred: str, gold: str) -> bool | tuple[str, str]:
     if pq is not None and gq is not None:
         if pq[1] != gq[1]:
             return False
-        pn, factor = quick_number(normalize_answer(pq[0])), pq[2] / gq[2]
-        if pn is not None:
+        value_text = normalize_answer(pq[0])
+        pn, factor = quick_number(value_text) or forms.decimal_comma(value_text), pq[2] / gq[2]
+        if factor == 1:
+            pred = pq[0]
+        elif pn is not None:
             value = pn * factor
             pred = f"{value.numerator}/{value.denominator}" if value.denominator != 1 else str(value)
         else:

@@ -214,6 +214,12 @@ class GraderPool:
         self._workers.remove(worker)
         self._workers.append(_Worker(self.worker_cmd))
 
+    def start(self) -> None:
+        """Start the worker processes now and return at once: they import sympy (1-2 s) while the caller
+        generates, so no grading call waits for them (each one's ready line is read by the next run)."""
+        with self._lock:
+            self._fill()
+
     def run(self, tasks: list[tuple[str, str, bool]], timeout_s: float) -> list[bool]:
         """Compare every (pred, gold, ordered); a comparison past timeout_s is killed and scored False."""
         results = [False] * len(tasks)

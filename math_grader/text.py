@@ -149,7 +149,8 @@ _ANSWER_PHRASE_RE = re.compile(
     r"|jawaban(?:nya)?\s++(?:adalah|ialah)|jawaban(?:nya)?\s*+[:：]|(?:cevap|yan[ıi]t)\s*+[:：])",
     re.IGNORECASE,
 )
-_SENTENCE_END_RE = re.compile(r"(?<!\\)\.(?=\s|$)|[。！？；，、]|[!?;](?=\s|$)")
+# a ';' ends the sentence unless a list item follows ('1; 2; 3')
+_SENTENCE_END_RE = re.compile(r"(?<!\\)\.(?=\s|$)|[。！？；，、]|[!?](?=\s|$)|;(?=\s*$|\s+[^\d\s\-+(\[{\\$])")
 # unicode that may appear inside an answer; any other non-ASCII character ends it ('15입니다' -> '15')
 _MATH_UNICODE = "π√×·−≤≥≠∞°½¼¾⅓⅔⅛⅜⅝⅞％’\u00a0\u2009\u202f∪∩∈⟨⟩∅ℝ"
 
@@ -182,7 +183,7 @@ def _prose_words(text: str) -> list[str]:
     outside = text
     for start, end, _ in reversed(math_spans(text)):
         outside = outside[:start] + " " + outside[end:]
-    body = re.sub(r"\\[a-zA-Z]+", " ", outside)
+    body = re.sub(r"\\(?:begin|end)\{[^{}]*\}|\\[a-zA-Z]+", " ", outside)
     return re.findall(r"[^\W\d_]{2,}", body)
 
 
@@ -202,6 +203,12 @@ _NUMBER_TOKEN_RE = re.compile(
     r"(?:(?:cm|mm|km|kg|mg|ml|m|g|s|h|min|mph|st|nd|rd|th|pm|am)(?![A-Za-z0-9_]))?(?![A-Za-z0-9_])"
 )
 _EQUALS_SPLIT_RE = re.compile(r"(?<![<>!\\])=|\\approx|\\Rightarrow|\\implies|\\to(?![a-zA-Z])")
+
+
+def _number_text(match: re.Match[str]) -> str:
+    """A number token as an answer: '1,234,567' -> '1234567' (commas grouping thousands)."""
+    token = match.group(1)
+    return token.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?", token) else token
 
 
 def _after_last_equals(content: str) -> str:
@@ -241,8 +248,8 @@ def final_expression(text: str) -> str | None:
     if numbers:
         last = numbers[-1]
         if spans and spans[-1][0] <= last.start() and last.end() <= spans[-1][1]:
-            return _joined_spans(text, spans) or last.group(1)
-        return last.group(1)
+            return _joined_spans(text, spans) or _number_text(last)
+        return _number_text(last)
     if spans:
         return _after_last_equals(spans[-1][2]) or None
     return None
@@ -251,14 +258,17 @@ def final_expression(text: str) -> str | None:
 _ARITHMETIC_CHAIN_RE = re.compile(r"[\d\s.+\-*/×÷()^{}\\]|\\(?:times|cdot|div|frac|left|right)")
 
 
-def _reduce_arithmetic_chain(value: str) -> str:
+def reduce_arithmetic_chain(value: str) -> str:
     """'3 + 4 = 7' -> '7': an equation whose left side is only arithmetic states its result."""
     parts = _EQUALS_SPLIT_RE.split(value)
     if len(parts) < 2 or not parts[-1].strip():
         return value
-    lhs = parts[0]
-    if lhs.strip() and not _ARITHMETIC_CHAIN_RE.sub("", lhs).strip() and re.search(r"\d", lhs):
-        return parts[-1].strip()
+    lhs, result = parts[0], parts[-1]
+    arithmetic = not _ARITHMETIC_CHAIN_RE.sub("", lhs).strip() and re.search(
+        r"\d\s*(?:[-+*/×÷]|\\times|\\cdot|\\div)", lhs
+    )
+    if arithmetic and not re.search(r"[A-Za-z]", re.sub(r"\\[a-zA-Z]+", "", result)):
+        return result.strip()
     return value
 
 
@@ -350,15 +360,29 @@ def _candidates(text: str, open_end: bool) -> list[tuple[int, int, Callable[[], 
         out.append((m.start(), 4, partial(_phrase_value, text, m.end())))
     choices: deque[re.Match[str]] = deque(maxlen=MAX_CANDIDATES)
     choices.extend(_CHOICE_PROSE_RE.finditer(text, max(0, len(text) - 4000)))
-    for m in choices:
-        out.append((m.start(), 5, partial(str, m.group(1) or m.group(2))))
+    for m in choices:  # a letter right after an answer phrase is that phrase's value ('(B) 12'), not another
+        if not any(p.start() <= m.start() <= p.end() for p in phrases):
+            out.append((m.start(), 5, partial(str, m.group(1) or m.group(2))))
     return [c for c in out if c[1] == 0 or not _inside(c[0], box_spans)]
 
 
-def _has_marker(text: str) -> bool:
+def has_answer_marker(text: str) -> bool:
+    """Whether the text marks an answer: a box, an answer tag, '####' or an answer phrase."""
     return bool(
         _BOX_RE.search(text) or "</answer>" in text or "####" in text or _ANSWER_PHRASE_RE.search(text)
     )
+
+
+def is_solution(text: str) -> bool:
+    """Whether a text is a solution to read an answer from rather than an answer: it marks an answer, or
+    it is prose (two or more words outside math and LaTeX commands, one beside a $...$ span, or CJK
+    text). 'B Paris', 'Evelyn', '5 \\text{ cm}', a matrix over several lines are answers."""
+    head, tail = text[:MAX_RESPONSE_CHARS], text[-MAX_RESPONSE_CHARS:]
+    if has_answer_marker(head) or has_answer_marker(tail):
+        return True
+    words = _prose_words(head[:2000])
+    sentence = len(words) == 1 and bool(math_spans(head[:2000]))
+    return bool(_CJK_RE.search(head[:2000])) or len(words) >= 2 or sentence
 
 
 # a response that runs on into a new turn (few-shot prompts: "Problem:", chat templates) ends there once
@@ -372,7 +396,7 @@ def _cut_next_turn(text: str) -> str:
     for i, m in enumerate(_NEXT_TURN_RE.finditer(text)):
         if i >= 4:
             break
-        if _has_marker(text[: m.start()]):
+        if has_answer_marker(text[: m.start()]):
             return text[: m.start()]
     return text
 
@@ -430,20 +454,20 @@ def extract_answer(text: str) -> str | None:
     for _, _, value in sorted(_candidates(window, open_end), key=lambda c: (c[0], -c[1]), reverse=True):
         answer = value()
         if answer:
-            return _reduce_arithmetic_chain(answer)
+            return reduce_arithmetic_chain(answer)
     if _looks_bare(window):
-        return _reduce_arithmetic_chain(_strip_math_delims(window)) or None
+        return reduce_arithmetic_chain(_strip_math_delims(window)) or None
     last_line = window.strip().rsplit("\n", 1)[-1]
     if _CJK_RE.search(last_line):
         answer = final_expression(last_line)
         if answer:
-            return _reduce_arithmetic_chain(answer)
+            return reduce_arithmetic_chain(answer)
     tail = window[-4000:]
     answer = final_expression(tail) if "$" in tail or "\\" in tail else None
     if answer is None:
-        numbers = _NUMBER_TOKEN_RE.findall(window)
-        answer = numbers[-1] if numbers else None
-    return _reduce_arithmetic_chain(answer) if answer else None
+        numbers = deque(_NUMBER_TOKEN_RE.finditer(window), maxlen=1)
+        answer = _number_text(numbers[0]) if numbers else None
+    return reduce_arithmetic_chain(answer) if answer else None
 
 
 # ---------------------------------------------------------------------------------------------------

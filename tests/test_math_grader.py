@@ -229,7 +229,8 @@ EXTRACT_CASES = [
     ("\\fbox{42}", "42"),
     ("The result is $\\boxed 5$.", "5"),
     ("Final Answer: The final answer is $28 \\%$. I hope it is correct.", "28 \\%"),
-    ("The final answer is $3$. I hope it is correct. \\boxed{4}", "3"),
+    # the last committed answer wins (Qwen2.5-Math ranks "final answer is $..$. I hope" above any box)
+    ("The final answer is $3$. I hope it is correct. \\boxed{4}", "4"),
     ("Therefore, the answer is 12. Some more text.", "12"),
     ("The answer is (B).", "B"),
     ("Answer: C", "C"),

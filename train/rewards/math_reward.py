@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from data_prep import multi_answer
-from math_grader import grade_batch
+from math_grader import grade_batch, start_workers
 from train.rewards.base import RewardResult
 
 # data_source -> check(response, ground_truth) -> bool, for tasks whose ground_truth is not one answer
@@ -28,6 +28,7 @@ class MathReward:
         self.timeout_s = timeout_s
         self.num_workers = num_workers
         self.correct, self.incorrect = correct, incorrect
+        start_workers(num_workers)  # they import sympy while the first rollouts are generated
 
     def __call__(self, rows: list[dict], responses: list[str], group_index: list[int]) -> RewardResult:
         hits = [0.0] * len(rows)
