@@ -6,13 +6,15 @@ Conventions (the tests in tests/grader_cases/ spell them out per family):
 - numbers: thousands may be grouped by ',' (1,000 and Indian 1,00,000), '.' (only with several groups or a
   decimal comma: 1.000.000, 1.234,5), spaces (also no-break/thin), apostrophes (1'000); a single '.' is
   always a decimal point; a lone ',' with digits after it is a decimal comma only when the other answer
-  is a single decimal number (`decimal_comma`).
+  is a single number (`decimal_comma`); a ',' followed by a space separates list items ('12, 345').
 - bases: 1011_2, 1011_{(2)}, 1011_{\\text{two}}, 0x2A, 0b1011. The same digits with or without the base
   match; two answers with explicit bases match when their values agree.
 - clock times: h:mm with optional AM/PM; 12 AM is midnight; an answer without AM/PM and below 13:00
   matches either half of the day.
 - units: a unit on both sides converts within its kind (km/m, h/min, kg/g, L/mL, ft/in); a unit on one
-  side only is dropped by normalisation, since the question fixed the unit.
+  side only is dropped by normalisation, since the question fixed the unit, whichever side carries it.
+- choices: '(B)', 'B)', 'B.', 'option B', 'B Paris' (a letter and its option text) are the letter B; a
+  marked letter (B', B^*) is another label.
 """
 
 from __future__ import annotations

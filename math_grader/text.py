@@ -435,8 +435,16 @@ def answer_window(text: str) -> tuple[str, bool]:
     return text[start : start + MAX_RESPONSE_CHARS], True
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer of a model response, or None: the last committed answer wins.
+# answer rules: "last" (default) the last committed answer wins; "qwen" Qwen2.5-Math's order of rules, for
+# reproducing its published numbers: "final answer is $..$. I hope" anywhere, else the last box, else the
+# other markers (each the last of its kind), whatever comes after them
+ANSWER_RULES = ("last", "qwen")
+_QWEN_ORDER = {1: 0, 0: 1, 2: 2, 3: 3, 4: 4, 5: 5}  # candidate rank -> Qwen's priority
+
+
+def extract_answer(text: str, rule: str = "last") -> str | None:
+    """The final answer of a model response, or None: the last committed answer wins (rule="last"; see
+    ANSWER_RULES for rule="qwen").
 
     Every answer marker is a candidate (a box or boxes joined by connectors, "final answer is $..$. I
     hope", <answer> tags, '####', an answer phrase in one of several languages, a choice said in prose);
@@ -446,12 +454,18 @@ def extract_answer(text: str) -> str | None:
     bare answer, else the final expression (the last number of its own, or the last $...$ span holding
     it). An arithmetic chain '3 + 4 = 7' answers its result.
     """
+    if rule not in ANSWER_RULES:
+        raise ValueError(f"answer rule {rule!r} is not one of {', '.join(ANSWER_RULES)}")
     if not text:
         return None
     window, open_end = answer_window(text)
     window = re.sub(r"(?<!\w)\u043a\u0438(?!\w)", "", window)  # Math-Shepherd step tags
     window = _cut_next_turn(window)
-    for _, _, value in sorted(_candidates(window, open_end), key=lambda c: (c[0], -c[1]), reverse=True):
+    if rule == "qwen":
+        order = sorted(_candidates(window, open_end), key=lambda c: (-_QWEN_ORDER[c[1]], c[0]), reverse=True)
+    else:
+        order = sorted(_candidates(window, open_end), key=lambda c: (c[0], -c[1]), reverse=True)
+    for _, _, value in order:
         answer = value()
         if answer:
             return reduce_arithmetic_chain(answer)

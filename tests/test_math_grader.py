@@ -386,3 +386,19 @@ EXTRA_EQUIV = [
 @pytest.mark.parametrize("pred,gold,expected", EXTRA_EQUIV)
 def test_is_equiv_more(pred: str, gold: str, expected: bool) -> None:
     assert is_equiv(pred, gold) is expected
+
+
+def test_answer_rules() -> None:
+    """'last' (the reward's default): the last committed answer; 'qwen' (the eval's default, upstream):
+    "final answer is $..$. I hope" over any box, the last box over a later answer phrase."""
+    from math_grader import ANSWER_RULES
+
+    corrected = "Final Answer: The final answer is $5$. I hope it is correct.\n\nWait, I misread: \\boxed{7}"
+    assert extract_answer(corrected) == "7"
+    assert extract_answer(corrected, "qwen") == "5"
+    assert extract_answer("\\boxed{7}. No wait, the answer is 8.", "qwen") == "7"
+    assert extract_answer("\\boxed{7}. No wait, the answer is 8.") == "8"
+    assert grade(corrected, "7") == 1.0 and grade(corrected, "7", rule="qwen") == 0.0
+    assert set(ANSWER_RULES) == {"last", "qwen"}
+    with pytest.raises(ValueError, match="answer rule 'minerva'"):
+        extract_answer("5", "minerva")
