@@ -199,7 +199,7 @@ def _looks_bare(text: str) -> bool:
 # A number of its own: never digits inside a word or identifier ('QX7RT', 'B12', 'x3y'; Math-Verify anchors
 # numbers the same way); a unit or ordinal glued to it ('20kg', '3rd') is allowed and dropped.
 _NUMBER_TOKEN_RE = re.compile(
-    r"(?<![A-Za-z0-9_.\\^'])(-?(?:\d+(?:[.,]\d+)*|\.\d+)(?:/\d+)?%?)"
+    r"(?<![A-Za-z0-9_.\\^'])(-?(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d)|\d+(?:[.,]\d+)*|\.\d+)(?:/\d+)?%?)"
     r"(?:(?:cm|mm|km|kg|mg|ml|m|g|s|h|min|mph|st|nd|rd|th|pm|am)(?![A-Za-z0-9_]))?(?![A-Za-z0-9_])"
 )
 _EQUALS_SPLIT_RE = re.compile(r"(?<![<>!\\])=|\\approx|\\Rightarrow|\\implies|\\to(?![a-zA-Z])")
@@ -207,7 +207,7 @@ _EQUALS_SPLIT_RE = re.compile(r"(?<![<>!\\])=|\\approx|\\Rightarrow|\\implies|\\
 
 def _number_text(match: re.Match[str]) -> str:
     """A number token as an answer: '1,234,567' -> '1234567' (commas grouping thousands)."""
-    token = match.group(1)
+    token = re.sub(r"(?<=\d)[ \u00a0\u202f](?=\d{3})", "", match.group(1))
     return token.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?", token) else token
 
 
@@ -275,7 +275,9 @@ def reduce_arithmetic_chain(value: str) -> str:
 # the answer comes after the phrase: adverbs before it are dropped, and a phrase followed by a verdict
 # ('the answer is correct', 'the answer is not 5') states no answer, so an earlier answer stands
 _ADVERB_RE = re.compile(
-    r"(?:therefore|thus|hence|clearly|simply|then|indeed|just|exactly|definitely|finally|so)\s*,?\s+", re.I
+    r"(?:therefore|thus|hence|clearly|simply|then|indeed|just|exactly|definitely|finally|so|about|approximately"
+    r"|roughly|around|nearly|\\approx|≈)\s*,?\s+",
+    re.I,
 )
 _NOT_AN_ANSWER_RE = re.compile(
     r"(?:not|correct|incorrect|right|wrong|verified|confirmed|consistent|valid|invalid|reasonable|plausible"
@@ -312,7 +314,7 @@ def _phrase_value(text: str, end: int) -> str | None:
 # answer D", "option (A) is correct", "the correct choice is C", "I choose B"
 _CHOICE_PROSE_RE = re.compile(
     r"(?<![A-Za-z])(?:(?i:answer)(?:\s+(?i:is|would\s+be|must\s+be|should\s+be|will\s+be))?\s*[:=]?"
-    r"|(?i:(?:correct|right|best)\s+(?:option|choice)\s+is)|(?i:choose|select|pick)(?:\s+(?i:option|choice))?)"
+    r"|(?i:(?:correct|right|best)\s+(?:option|choice)\s+is)|(?i:choose|select|pick|go\s+with|opt\s+for)(?:\s+(?i:option|choice))?)"
     r"\s*(?:(?i:therefore|thus|hence|clearly)\s+)?(?:\*\*)?(?:\\text(?:bf)?\{)?\(?([A-E])\)?\}?(?:\*\*)?"
     r"(?![A-Za-z0-9'*^′_])(?!\s*[=+\-*/^<>])"
     r"|(?<![A-Za-z])(?i:option|choice)\s+\(?([A-E])\)?(?![A-Za-z0-9'*^′_])\s+(?i:is|was)\s+(?i:correct|right|the\s+answer)"
