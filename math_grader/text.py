@@ -178,13 +178,17 @@ def _strip_math_delims(text: str) -> str:
 _CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff01-\uff5e]")
 
 
+_PROSE_WORD_RE = re.compile(r"(?:(?<=^)|(?<=[\s(\"'“*]))[^\W\d_]{2,}(?=$|[\s,;:!?)\"'”*]|\.(?:\s|$))")
+
+
 def _prose_words(text: str) -> list[str]:
     """Words of two or more letters outside math spans and LaTeX commands."""
     outside = text
     for start, end, _ in reversed(math_spans(text)):
         outside = outside[:start] + " " + outside[end:]
     body = re.sub(r"\\(?:begin|end)\{[^{}]*\}|\\[a-zA-Z]+", " ", outside)
-    return re.findall(r"[^\W\d_]{2,}", body)
+    # a word stands between spaces or punctuation: 'np.arcsin(10/13)' and '{dM}' hold none
+    return _PROSE_WORD_RE.findall(body)
 
 
 def _looks_bare(text: str) -> bool:
@@ -307,7 +311,9 @@ def _phrase_value(text: str, end: int) -> str | None:
         if _CJK_RE.search(value) or len(_prose_words(value)) >= 2:
             value = final_expression(value) or value  # 'The smallest $k$ is 12.' -> '12'
     value = re.sub(r"^\*+|\*\*$", "", value.strip()).strip()  # markdown bold, not a starred 'B*'
-    return _strip_math_delims(value).rstrip(".,;:").strip() or None
+    value = _strip_math_delims(value).rstrip(".,;:").strip()
+    letter = re.fullmatch(r"\(([A-E])\)", value)
+    return (letter.group(1) if letter else value) or None
 
 
 # a choice said in prose (lighteval / Math-Verify look for the letter just after "answer"): "which makes the
