@@ -318,12 +318,15 @@ def _phrase_value(text: str, end: int) -> str | None:
 
 # a choice said in prose (lighteval / Math-Verify look for the letter just after "answer"): "which makes the
 # answer D", "option (A) is correct", "the correct choice is C", "I choose B"
+_LETTER = r"(?:\*\*)?(?:\\text(?:bf)?\{)?\(?([A-E])\)?\}?(?:\*\*)?(?![A-Za-z0-9'*^′_])"
 _CHOICE_PROSE_RE = re.compile(
     r"(?<![A-Za-z])(?:(?i:answer)(?:\s+(?i:is|would\s+be|must\s+be|should\s+be|will\s+be))?\s*[:=]?"
-    r"|(?i:(?:correct|right|best)\s+(?:option|choice)\s+is)|(?i:choose|select|pick|go\s+with|opt\s+for)(?:\s+(?i:option|choice))?)"
-    r"\s*(?:(?i:therefore|thus|hence|clearly)\s+)?(?:\*\*)?(?:\\text(?:bf)?\{)?\(?([A-E])\)?\}?(?:\*\*)?"
-    r"(?![A-Za-z0-9'*^′_])(?!\s*[=+\-*/^<>])"
-    r"|(?<![A-Za-z])(?i:option|choice)\s+\(?([A-E])\)?(?![A-Za-z0-9'*^′_])\s+(?i:is|was)\s+(?i:correct|right|the\s+answer)"
+    r"|(?i:(?:correct|right|best)\s+(?:option|choice)\s+is))"
+    rf"\s*(?:(?i:therefore|thus|hence|clearly)\s+)?{_LETTER}(?!\s*[=+\-*/^<>])"
+    # a verb of choosing counts only when the letter ends the sentence ("choose D to be the foot" does not)
+    rf"|(?<![A-Za-z])(?i:choose|select|pick|go\s+with|opt\s+for)(?:\s+(?i:option|choice))?\s*{_LETTER}"
+    r"(?=\s*(?:[.!]|$))"
+    rf"|(?<![A-Za-z])(?i:option|choice)\s+{_LETTER}\s+(?i:is|was)\s+(?i:correct|right|the\s+answer)"
 )
 _HOPE = "final answer is $"
 MAX_CANDIDATES = 8  # per kind of answer marker: only the last few can be the final answer
@@ -370,7 +373,7 @@ def _candidates(text: str, open_end: bool) -> list[tuple[int, int, Callable[[], 
     choices.extend(_CHOICE_PROSE_RE.finditer(text, max(0, len(text) - 4000)))
     for m in choices:  # a letter right after an answer phrase is that phrase's value ('(B) 12'), not another
         if not any(p.start() <= m.start() <= p.end() for p in phrases):
-            out.append((m.start(), 5, partial(str, m.group(1) or m.group(2))))
+            out.append((m.start(), 5, partial(str, m.group(1) or m.group(2) or m.group(3))))
     return [c for c in out if c[1] == 0 or not _inside(c[0], box_spans)]
 
 
