@@ -200,10 +200,10 @@ def _looks_bare(text: str) -> bool:
     return len(words) == 0 or (len(words) == 1 and text.strip() == words[0])
 
 
-# A number of its own: never digits inside a word or identifier ('QX7RT', 'B12', 'x3y'; Math-Verify anchors
+# A number of its own: never digits inside a word or identifier ('QX7RT', 'B12', 'x3y', 'pytest-0'; Math-Verify anchors
 # numbers the same way); a unit or ordinal glued to it ('20kg', '3rd') is allowed and dropped.
 _NUMBER_TOKEN_RE = re.compile(
-    r"(?<![A-Za-z0-9_.\\^'])(-?(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d)|\d+(?:[.,]\d+)*|\.\d+)(?:/\d+)?%?)"
+    r"(?<![A-Za-z0-9_.\\^'])(?<![A-Za-z_]-)(-?(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d)|\d+(?:[.,]\d+)*|\.\d+)(?:/\d+)?%?)"
     r"(?:(?:cm|mm|km|kg|mg|ml|m|g|s|h|min|mph|st|nd|rd|th|pm|am)(?![A-Za-z0-9_]))?(?![A-Za-z0-9_])"
 )
 _EQUALS_SPLIT_RE = re.compile(r"(?<![<>!\\])=|\\approx|\\Rightarrow|\\implies|\\to(?![a-zA-Z])")
@@ -392,8 +392,11 @@ def is_solution(text: str) -> bool:
     if has_answer_marker(head) or has_answer_marker(tail):
         return True
     words = _prose_words(head[:2000])
-    sentence = len(words) == 1 and bool(math_spans(head[:2000]))
-    return bool(_CJK_RE.search(head[:2000])) or len(words) >= 2 or sentence
+    # one word beside a $...$ span ('Thus $v = 3$.') or labelling what follows ('Total: 1 234 567.')
+    sentence = len(words) == 1 and (
+        bool(math_spans(head[:2000])) or re.search(r"[^\W\d_]{2,}\s*:", head[:2000])
+    )
+    return bool(_CJK_RE.search(head[:2000]) or len(words) >= 2 or sentence)
 
 
 # a response that runs on into a new turn (few-shot prompts: "Problem:", chat templates) ends there once
