@@ -139,6 +139,9 @@ def _same_precision(p: str, g: str) -> bool:
 def _pred_choice(pred: str) -> str | None:
     """Qwen's choice_answer_clean: the last standalone capital A-E in the prediction; a marked letter
     (B', B^*, B_1) is another label, not B."""
+    lone = re.fullmatch(r"\s*\(?([a-e])\)?\.?\s*", pred)  # 'c' alone is the choice C (Qwen, Math-Verify)
+    if lone:
+        return lone.group(1).upper()
     found = re.findall(r"(?<![A-Za-z0-9_\\])([A-E])(?![A-Za-z0-9_'*^′])", pred)
     return found[-1] if found else None
 

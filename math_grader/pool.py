@@ -36,6 +36,20 @@ PARENT_ENV = "RLPOST_GRADER_PARENT_PID"
 WATCHDOG_PERIOD_S = 0.5
 
 
+# one comparison of each kind a worker does (simplify, relations, intervals, matrices, functions), run before
+# a worker reports ready
+WARM_UP_PAIRS = (
+    ("\\frac{x^2-1}{x-1}", "x+1"),
+    ("x^2+2x+1=0", "(x+1)^2=0"),
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("[1,2)", "1\\le x<2"),
+    ("\\sin^2 x+\\cos^2 x", "1"),
+    ("\\begin{pmatrix}1&x\\\\3&4\\end{pmatrix}", "\\begin{pmatrix}1&x\\\\3&4\\end{pmatrix}"),
+    ("\\log_2 8+e^{\\pi}", "3+e^{\\pi}"),
+    ("\\{1,\\frac{x}{2}\\}", "\\{\\frac{x}{2},1\\}"),
+)
+
+
 def _alarm_handler(signum: int, frame: object) -> None:
     raise TimeoutError("comparison timed out")
 
@@ -87,6 +101,8 @@ def worker_main() -> None:
     import math_grader.equiv  # noqa: F401 - import before reporting ready
     import math_grader.parse  # noqa: F401 - imports sympy (seconds), which must not eat a comparison's time
 
+    for pred, gold in WARM_UP_PAIRS:  # sympy loads parts of itself on first use: not in a graded call
+        _compare_with_alarm(pred, gold, 10.0)
     out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()

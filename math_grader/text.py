@@ -12,6 +12,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from functools import partial
 
+from math_grader import forms
 from math_grader.forms import plain_number, unify_spaces
 
 # ---------------------------------------------------------------------------------------------------
@@ -149,6 +150,47 @@ _ANSWER_PHRASE_RE = re.compile(
     r"|jawaban(?:nya)?\s++(?:adalah|ialah)|jawaban(?:nya)?\s*+[:：]|(?:cevap|yan[ıi]t)\s*+[:：])",
     re.IGNORECASE,
 )
+
+# the words every answer phrase contains: found with str.rfind (C speed) so that the phrase regex, which
+# tries every position, only runs around them
+_PHRASE_KEYS = (
+    "answer",
+    "答案",
+    "答え",
+    "정답",
+    "답",
+    "respuesta",
+    "réponse",
+    "reponse",
+    "antwort",
+    "resposta",
+)
+_PHRASE_KEYS += ("risposta", "ответ", "jawaban", "cevap", "yanıt", "yanit")
+MAX_PHRASE_KEYS = 16  # only the last few mentions of an answer word are read (bounded on any input)
+
+
+def answer_phrases(text: str, limit: int = MAX_PHRASE_KEYS) -> list[re.Match[str]]:
+    """The answer phrases ('the answer is', 'Answer:', '答案是', ...) among the last `limit` mentions of an
+    answer word, in text order."""
+    low = text.lower()
+    if len(low) != len(text):  # a character whose lower case is longer: search the text as it is
+        low = text
+    keys: list[int] = []
+    for key in _PHRASE_KEYS:
+        pos = len(low)
+        for _ in range(limit):
+            pos = low.rfind(key, 0, pos)
+            if pos < 0:
+                break
+            keys.append(pos)
+    found: dict[int, re.Match[str]] = {}
+    for pos in sorted(keys)[-limit:]:
+        for m in _ANSWER_PHRASE_RE.finditer(text, max(0, pos - 40), min(len(text), pos + 60)):
+            if m.start() <= pos < m.end():
+                found[m.start()] = m
+    return [found[k] for k in sorted(found)]
+
+
 # a ';' ends the sentence unless a list item follows ('1; 2; 3')
 _SENTENCE_END_RE = re.compile(r"(?<!\\)\.(?=\s|$)|[。！？；，、]|[!?](?=\s|$)|;(?=\s*$|\s+[^\d\s\-+(\[{\\$])")
 # unicode that may appear inside an answer; any other non-ASCII character ends it ('15입니다' -> '15')
@@ -289,7 +331,8 @@ _NOT_AN_ANSWER_RE = re.compile(
     re.I,
 )
 _REASON_RE = re.compile(
-    r",?\s+(?:because|since|which|where|given\s+that|so\s+that|as\s+(?:shown|computed))\b"
+    r",?\s+(?:because|since|which|where|given\s+that|so\s+that|as\s+(?:shown|computed)|not|rather\s+than"
+    r"|instead\s+of)\b|\s+\((?:not|since|because)\b"
 )
 
 
@@ -365,8 +408,7 @@ def _candidates(text: str, open_end: bool) -> list[tuple[int, int, Callable[[], 
     if hashes >= 0:
         line = text[hashes + 4 :].lstrip("# ").split("\n", 1)[0].strip()
         out.append((hashes, 3, lambda v=line: _strip_math_delims(v) or None))
-    phrases: deque[re.Match[str]] = deque(maxlen=MAX_CANDIDATES)
-    phrases.extend(_ANSWER_PHRASE_RE.finditer(text))
+    phrases = answer_phrases(text)[-MAX_CANDIDATES:]
     for m in phrases:
         out.append((m.start(), 4, partial(_phrase_value, text, m.end())))
     choices: deque[re.Match[str]] = deque(maxlen=MAX_CANDIDATES)
@@ -379,9 +421,7 @@ def _candidates(text: str, open_end: bool) -> list[tuple[int, int, Callable[[], 
 
 def has_answer_marker(text: str) -> bool:
     """Whether the text marks an answer: a box, an answer tag, '####' or an answer phrase."""
-    return bool(
-        _BOX_RE.search(text) or "</answer>" in text or "####" in text or _ANSWER_PHRASE_RE.search(text)
-    )
+    return bool(_BOX_RE.search(text) or "</answer>" in text or "####" in text or answer_phrases(text, 4))
 
 
 def is_solution(text: str) -> bool:
@@ -417,19 +457,10 @@ def _cut_next_turn(text: str) -> str:
 
 def _last_marker_start(text: str) -> int:
     """Where the last answer marker starts (-1: none), in time linear in the text: C-level rfind for
-    boxes, tags and '####', the phrase regex over chunks from the end until one holds a phrase."""
+    boxes, tags, '####' and the answer words of the phrases."""
     found = max(text.rfind("\\boxed"), text.rfind("\\fbox"), text.rfind("<answer>"), text.rfind("####"))
-    end, chunk = len(text), MAX_RESPONSE_CHARS
-    while end > max(found, 0):
-        start = max(0, end - chunk, found)
-        phrases = deque(_ANSWER_PHRASE_RE.finditer(text, start, end), maxlen=1)
-        if phrases:
-            last = phrases[0]
-            return max(found, last.start())
-        if start <= max(found, 0):
-            break
-        end = start + 64  # a phrase across the chunk boundary is found in the next chunk
-    return found
+    phrases = answer_phrases(text)
+    return max(found, phrases[-1].start()) if phrases else found
 
 
 def answer_window(text: str) -> tuple[str, bool]:
@@ -483,6 +514,8 @@ def extract_answer(text: str, rule: str = "last") -> str | None:
         answer = value()
         if answer:
             return reduce_arithmetic_chain(answer)
+    if len(window) <= 300 and forms.choice(window.strip()) is not None:
+        return window.strip()  # 'Option B: 42' is the choice B (its text 42)
     if _looks_bare(window):
         return reduce_arithmetic_chain(_strip_math_delims(window)) or None
     last_line = window.strip().rsplit("\n", 1)[-1]
