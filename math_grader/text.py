@@ -265,7 +265,7 @@ def _after_last_equals(content: str) -> str:
 _SPAN_JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*")
 
 
-def _joined_spans(text: str, spans: list[tuple[int, int, str]]) -> str:
+def _joined_spans(text: str, spans: list[tuple[int, int, str]], forward: bool = False) -> str:
     """The last span's value, with the spans before it joined by ',' / 'and' / 'or' ('$x = 2$ and $x = -3$'
     is '2, -3': Math-Verify reads such a run as one listed answer)."""
 
@@ -273,6 +273,13 @@ def _joined_spans(text: str, spans: list[tuple[int, int, str]]) -> str:
         parts = _EQUALS_SPLIT_RE.split(content)
         return re.sub(r"\s", "", parts[0]) if len(parts) > 1 else ""
 
+    if forward:  # from the first span on, as far as the spans are joined; named values keep their names
+        n = 1
+        while n < len(spans) and _SPAN_JOIN_RE.fullmatch(text[spans[n - 1][1] : spans[n][0]]):
+            n += 1
+        if len({lhs(c) for _, _, c in spans[:n]}) > 1:
+            return ", ".join(c.strip() for _, _, c in spans[:n])  # '$x = 2$ and $y = 3$'
+        spans = spans[:n]
     k, values = len(spans) - 1, [_after_last_equals(spans[-1][2])]
     while (
         k > 0
@@ -346,6 +353,9 @@ def _phrase_value(text: str, end: int) -> str | None:
     if m and not rest[m.end() :].lstrip().startswith(("$", "\\")):
         value = next(g for g in m.groups() if g is not None).strip()
         value = re.sub(r"\s*\\(?:text|mathrm)\{\s*[a-z ]*\}\s*$", "", value) if "=" not in value else value
+        spans = math_spans(_cut_sentence(rest))
+        if len(spans) > 1 and spans[0][0] == 0:  # '$\\frac12$ or $\\frac13$': one listed answer
+            value = _joined_spans(rest, spans, forward=True) or value
     else:
         value = _cut_sentence(rest)
         reason = _REASON_RE.search(value)
