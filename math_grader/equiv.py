@@ -221,6 +221,9 @@ def answer_forms(pred: str, gold: str) -> bool | tuple[str, str]:
         if verdict is not None:
             return verdict
     g_choice, p_choice = forms.choice(gold), forms.choice(pred)
+    lone = re.fullmatch(r"\s*\(?([a-e])\)?\.?\s*", pred)  # 'c' alone is the choice C (Qwen, Math-Verify)
+    if g_choice is not None and p_choice is None and lone:
+        return lone.group(1).upper() == g_choice.letter
     if g_choice is not None:
         if p_choice is not None:
             return p_choice.letter == g_choice.letter

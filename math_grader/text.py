@@ -242,10 +242,11 @@ def _looks_bare(text: str) -> bool:
     return len(words) == 0 or (len(words) == 1 and text.strip() == words[0])
 
 
-# A number of its own: never digits inside a word or identifier ('QX7RT', 'B12', 'x3y', 'pytest-0'; Math-Verify anchors
+# A number of its own: never digits inside a word or identifier ('QX7RT', 'B12', 'x3y', 'pytest-0') nor a
+# reference label ('equation (2)'; Math-Verify anchors
 # numbers the same way); a unit or ordinal glued to it ('20kg', '3rd') is allowed and dropped.
 _NUMBER_TOKEN_RE = re.compile(
-    r"(?<![A-Za-z0-9_.\\^'])(?<![A-Za-z_]-)(-?(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d)|\d+(?:[.,]\d+)*|\.\d+)(?:/\d+)?%?)"
+    r"(?<![A-Za-z0-9_.\\^'])(?<![A-Za-z_]-)(?<![A-Za-z]\s\()(-?(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d)|\d+(?:[.,]\d+)*|\.\d+)(?:/\d+)?%?)"
     r"(?:(?:cm|mm|km|kg|mg|ml|m|g|s|h|min|mph|st|nd|rd|th|pm|am)(?![A-Za-z0-9_]))?(?![A-Za-z0-9_])"
 )
 _EQUALS_SPLIT_RE = re.compile(r"(?<![<>!\\])=|\\approx|\\Rightarrow|\\implies|\\to(?![a-zA-Z])")
