@@ -183,3 +183,16 @@ def test_start_workers_returns_at_once_and_the_workers_get_ready() -> None:
     assert started_in < 0.5, started_in
     assert get_pool()._workers and all(w.proc.poll() is None for w in get_pool()._workers)
     assert is_equiv("\\frac{x^2-1}{x-1}", "x+1", TIMEOUT_S)
+
+
+def test_the_math_reward_starts_the_workers_when_built() -> None:
+    """Built, the reward has the sympy workers starting, so its first grading call does not wait for them;
+    a bad answer rule is one line naming the key."""
+    from train.rewards.math_reward import MathReward
+
+    get_pool().close()
+    reward = MathReward()
+    assert get_pool()._workers and all(w.proc.poll() is None for w in get_pool()._workers)
+    assert reward.answer_rule == "last"
+    with pytest.raises(ValueError, match=r"reward.answer_rule='minerva'; valid: last, qwen"):
+        MathReward(answer_rule="minerva")
