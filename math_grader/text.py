@@ -294,6 +294,16 @@ def _joined_spans(text: str, spans: list[tuple[int, int, str]], forward: bool = 
     return ", ".join(v for v in values if v)
 
 
+# a number with math attached outside $...$: '36π', '12\\sqrt{3}', '5√2', '\\frac{3}{4}\\pi', '2^{10}'
+_ATTACHED = (
+    r"π|\\pi(?![a-zA-Z])|√\s*\d+|\\sqrt\s*(?:\[[^\]]{1,10}\])?\s*(?:\{[^{}]{1,40}\}|\d)"
+    r"|\\[dt]?frac\s*\{[^{}]{1,40}\}\s*\{[^{}]{1,40}\}|\^\s*(?:\{[^{}]{1,20}\}|\d+)"
+)
+_BARE_MATH_RE = re.compile(
+    rf"(?<![A-Za-z0-9_.])-?(?:\d+(?:\.\d+)?\s*)?(?:{_ATTACHED})(?:\s*(?:{_ATTACHED}))*"
+)
+
+
 def final_expression(text: str) -> str | None:
     """The last expression of a sentence or a solution: the last number of its own, or, when that number
     sits in the last $...$ span (or there is no number at all), that span after its last '='."""
@@ -303,6 +313,10 @@ def final_expression(text: str) -> str | None:
         last = numbers[-1]
         if spans and spans[-1][0] <= last.start() and last.end() <= spans[-1][1]:
             return _joined_spans(text, spans) or _number_text(last)
+        if re.search(r"π|√|\\[a-z]|\^", text):
+            runs = deque(_BARE_MATH_RE.finditer(text, max(0, last.start() - 60)), maxlen=1)
+            if runs and runs[0].start() <= last.start() < runs[0].end() and runs[0].end() >= last.end():
+                return runs[0].group().strip()  # '12\\sqrt{3}', not its last digit
         return _number_text(last)
     if spans:
         return _after_last_equals(spans[-1][2]) or None
@@ -535,7 +549,7 @@ def extract_answer(text: str, rule: str = "last") -> str | None:
         if answer:
             return reduce_arithmetic_chain(answer)
     tail = window[-4000:]
-    answer = final_expression(tail) if "$" in tail or "\\" in tail else None
+    answer = final_expression(tail) if re.search(r"[$\\π√^]", tail) else None
     if answer is None:
         numbers = deque(_NUMBER_TOKEN_RE.finditer(window), maxlen=1)
         answer = _number_text(numbers[0]) if numbers else None
