@@ -26,7 +26,7 @@ from evals.common.cli import main
 from evals.common.generation import Sampling
 from evals.common.metrics import best_of_k_index, group_by_equivalence, majority_index, mean_ci
 from evals.common.suite import EvalContext
-from math_grader import extract_answer, grade_batch, normalize_answer
+from math_grader import ANSWER_RULES, extract_answer, grade_batch, normalize_answer, start_workers
 from train.algorithms.pass_at_k import pass_at_k
 from train.models import PROJECT_ROOT
 
@@ -105,6 +105,14 @@ class MathSuite:
         g.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list of {', '.join(DATASETS)}")
         g.add_argument("--n", type=int, default=1, help="samples per problem")
         g.add_argument("--k", default=None, help="comma list of k for pass@k/maj@k (default 1,2,4,..,n)")
+        g.add_argument(
+            "--answer-rule",
+            choices=ANSWER_RULES,
+            default="qwen",
+            help="which answer a response gives: 'qwen' (default, upstream) Qwen2.5-Math's order of rules "
+            "('final answer is $..$. I hope' over any box); option 'last': the last committed answer, as the "
+            "training reward reads it (a correction replaces an earlier answer)",
+        )
         g.add_argument("--temperature", type=float, default=0.0)
         g.add_argument("--top-p", type=float, default=1.0)
         g.add_argument("--max-tokens", type=int, default=2048)
@@ -154,16 +162,19 @@ class MathSuite:
         sampling = Sampling(
             n=a.n, temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed
         )
+        start_workers()  # the grader's workers start while the responses are generated
         responses = ctx.generate([it["prompt"] for it in items], sampling)
         flat = [r for rs in responses for r in rs]
         golds = [it["gold"] for it, rs in zip(items, responses) for _ in rs]
-        scores = grade_batch(flat, golds)
+        rule = getattr(a, "answer_rule", "qwen")
+        scores = grade_batch(flat, golds, rule=rule)
         records, pos = [], 0
         for item, rs in zip(items, responses):
             correct = scores[pos : pos + len(rs)]
             pos += len(rs)
             record = {k: v for k, v in item.items() if k != "prompt"}
-            record |= {"responses": rs, "answers": [extract_answer(r) for r in rs], "correct": correct}
+            answers = [extract_answer(r, rule) for r in rs]
+            record |= {"responses": rs, "answers": answers, "correct": correct}
             records.append(record)
         if getattr(a, "rm_scorer", None):
             scorer = self._scorer(a.rm_scorer)

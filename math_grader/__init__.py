@@ -1,45 +1,74 @@
 """The project's one math answer grader: RL reward and `evals.math` both use it.
 
-Follows the Qwen2.5-Math evaluation harness (docs/evals.md, "Math"): extract the final answer
-(choice letter, "final answer is $..$. I hope", last \\boxed{}, <answer> tags, "####", "the answer is" /
-"Answer:" and their translations, last number), normalise it, then compare: strings, numbers (rel tol
-1e-4; a decimal gold is taken as rounded), percentages, choices, clock times, numbers in other bases,
-quantities with units, tuples/intervals, sets, matrices, equations, and finally sympy. The conventions of
-each answer format are written down in `math_grader.forms` and tested per family in tests/grader_cases/.
+Conventions (chosen for rewards after reading Math-Verify, Qwen2.5-Math's evaluation grader, lm-eval's
+minerva_math, NeMo-Skills, lighteval, Hendrycks' MATH is_equiv, DeepScaleR and understand-r1-zero; where
+they disagree, no reward for a retracted or non-final answer and never "true" for a different answer):
 
-Boxes: the last \\boxed{} wins (a later box corrects an earlier one); boxes joined only by "and"/"or"/commas
-are one listed answer ('x = \\boxed{2} or x = \\boxed{3}' is '2, 3'); a box inside a box is its content.
+- Extraction (`extract_answer`): every answer marker is a candidate (a box, or boxes joined only by
+  connectors such as 'and' or '\\quad\\text{and}\\quad'; "final answer is $..$. I hope"; <answer> tags;
+  '####'; "the answer is" / "Answer:" and their translations; a choice said in prose, "which makes the
+  answer D"). The LAST one in the text wins: a correction replaces an earlier answer whatever the forms
+  (Qwen and Math-Verify rank "final answer is .. I hope" above any later box: rule="qwen" keeps that
+  order, the math eval's default, for published numbers). A phrase that states no answer ("the answer is
+  correct since ...") leaves the one before it; a phrase followed by a sentence answers its final
+  expression ("Final Answer: The smallest $k$ is 12." is 12); a run into a new "Problem:" ends the
+  response. Without a marker: the whole text when it is a bare answer, else the final expression (the
+  last number of its own, never digits inside a word such as 'QX7RT'; the last $...$ span holding it;
+  spans joined by 'and'/commas are one list); CJK sentences likewise ("所以结果是 5/8" is 5/8).
+- Both sides of a comparison go through the same extraction: a gold that is a solution (an answer marker
+  or prose) is read like a response, so grade(s, s) == 1 whenever s holds an answer.
+- Comparison: strings, numbers (rel tol 1e-4; a decimal gold is taken as rounded), percentages, choices
+  (a marked letter B' or B* is another label; a gold "B Paris" or "(B) 12" is the letter B, whose text
+  also matches), clock times, numbers in other bases, quantities with units (a unit on one side only is
+  dropped, whichever side it is on), tuples/intervals, sets, matrices, equations, named values ('(x, y)
+  = (1, 4)' and 'x = 1, y = 4' compare by name), and finally sympy. A comma followed by a space separates
+  list items ('12, 345' is two numbers); '1,234' groups thousands; a lone comma between digits is a
+  decimal comma against a single number ('3,75' = 3.75). The conventions of each answer format are
+  written down in `math_grader.forms` and tested per family in tests/grader_cases/ (and the held-out
+  families in tests/grader_cases/heldout/).
+
 Lists and sets compare in any order unless the question asks for an order (`ordered=True`); tuples,
 vectors and intervals are always ordered.
 
-Safety: model text never reaches eval/exec/sympify; a whitelist parser (`math_grader.parse`) builds sympy
-objects and rejects absurd numbers. Every sympy comparison runs in a worker process with a hard time
-limit (`math_grader.pool`); cheap cases are decided in the calling process so the common case stays fast.
-Every scan of the text is linear, a response is cut to its last MAX_RESPONSE_CHARS and an answer longer
-than MAX_ANSWER_CHARS (either side) is compared as a string only, so `grade` stays bounded on any input.
+Safety and speed: model text never reaches eval/exec/sympify; a whitelist parser (`math_grader.parse`)
+builds sympy objects and rejects absurd numbers. Every sympy comparison runs in a worker process with a
+hard time limit (`math_grader.pool`), started with the reward or the eval (`start_workers`) so no call
+waits for them; cheap cases are decided in the calling process. Every scan of the text is linear; a
+response longer than MAX_RESPONSE_CHARS is read in a window of that size that starts just before its last
+answer marker (so a 100k-character box stays the answer), and an answer longer than MAX_ANSWER_CHARS
+(either side) is compared as a string only, so `grade` stays bounded on any input.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import OrderedDict
 
 from math_grader.equiv import quick_equiv
 from math_grader.pool import get_pool, shutdown_pool
-from math_grader.text import MAX_RESPONSE_CHARS, last_boxed, normalize_answer
+from math_grader.text import (
+    ANSWER_RULES,
+    MAX_RESPONSE_CHARS,
+    is_solution,
+    last_boxed,
+    normalize_answer,
+    reduce_arithmetic_chain,
+)
 from math_grader.text import extract_answer as _extract
 
 __all__ = [
+    "ANSWER_RULES",
     "equivalent_answers",
     "extract_answer",
     "grade",
     "grade_batch",
     "is_equiv",
+    "last_boxed",
     "MAX_ANSWER_CHARS",
     "MAX_RESPONSE_CHARS",
     "normalize_answer",
     "shutdown_pool",
+    "start_workers",
     "warm_up",
 ]
 
@@ -48,37 +77,18 @@ MAX_ANSWER_CHARS = 1000
 _cache: OrderedDict[tuple[str, str, bool], bool] = OrderedDict()
 
 
-def extract_answer(text: str) -> str | None:
-    """Final answer of a response by the harness's rules (first that applies), or None if there is none."""
-    return _extract(text)
+def extract_answer(text: str, rule: str = "last") -> str | None:
+    """The final answer of a response (the last committed one; rule="qwen": Qwen2.5-Math's order of
+    rules), or None if there is none."""
+    return _extract(text, rule)
 
 
-def _gold_text(gold: str) -> str:
-    """Golds are bare answers, but tolerate '$...$' and '\\boxed{...}' wrappers."""
-    gold = str(gold).strip()
-    tail = gold[-MAX_RESPONSE_CHARS:]
-    if "\\boxed" in tail or "\\fbox" in tail:
-        return last_boxed(tail) or gold
-    return gold
-
-
-_SOLUTION_HINT_RE = re.compile(
-    r"\\boxed|\\fbox|</answer>|####|\n|answer|答案|答え|respuesta|r[ée]ponse|antwort|ответ", re.IGNORECASE
-)
-_PROSE_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
-
-
-def _answer_text(prediction: str) -> str:
-    """A whole solution passed where an answer is expected gets its final answer extracted first; an
-    answer (however long: a big matrix) is left alone. A solution has a box, a newline, an answer phrase
-    or prose (five or more words outside LaTeX commands)."""
-    prediction = str(prediction)
-    if len(prediction) <= 40 and "\n" not in prediction and "\\boxed" not in prediction:
-        return prediction
-    tail = prediction[-MAX_RESPONSE_CHARS:]
-    if _SOLUTION_HINT_RE.search(tail) or len(_PROSE_WORD_RE.findall(tail, 0, 2000)) >= 5:
-        return extract_answer(prediction) or prediction
-    return prediction
+def _answer_text(text: str, rule: str = "last") -> str:
+    """The answer a side of a comparison states, by the same rule for the prediction and the gold: a
+    solution (`math_grader.text.is_solution`: an answer marker, or prose) gets its final answer extracted;
+    an answer (however long: a big matrix) is left alone."""
+    text = str(text)
+    return (extract_answer(text, rule) or text) if is_solution(text) else reduce_arithmetic_chain(text)
 
 
 def _cache_get(key: tuple[str, str, bool]) -> bool | None:
@@ -102,7 +112,11 @@ def _quick(pred: str, gold: str, ordered: bool) -> bool | None:
 
 
 def _equiv_many(
-    pairs: list[tuple[str | None, str]], timeout_s: float, num_workers: int | None, ordered: bool
+    pairs: list[tuple[str | None, str]],
+    timeout_s: float,
+    num_workers: int | None,
+    ordered: bool,
+    rule: str = "last",
 ) -> list[bool]:
     """Decide cheap pairs here, send the rest (deduplicated, cache-checked) to the worker pool."""
     deadline = time.monotonic() + timeout_s
@@ -112,7 +126,7 @@ def _equiv_many(
         if pred is None or not str(pred).strip():
             out.append(False)
             continue
-        key = (str(pred).strip(), _gold_text(gold), ordered)
+        key = (str(pred).strip(), _answer_text(gold, rule).strip(), ordered)
         if len(key[0]) > MAX_ANSWER_CHARS or len(key[1]) > MAX_ANSWER_CHARS:
             out.append(key[0] == key[1])  # no real answer is this long: exact match only, no parsing
             continue
@@ -133,18 +147,28 @@ def _equiv_many(
     return [bool(v) for v in out]
 
 
+def start_workers(num_workers: int | None = None) -> None:
+    """Start the sympy worker processes without waiting for them: the math reward and the math eval call
+    this when they are built, so the workers are ready by the time the first responses are graded and no
+    grading call pays their start (~1-2 s of importing sympy)."""
+    get_pool(num_workers).start()
+
+
 def warm_up(num_workers: int | None = None) -> None:
-    """Start the worker processes now (they take ~1-2 s to import sympy) instead of on the first batch."""
+    """Start the worker processes and wait until they have answered once (benchmarks, tests)."""
     get_pool(num_workers).run([("x+1", "1+x", False)], timeout_s=30.0)
 
 
-def is_equiv(prediction: str, gold: str, timeout_s: float = 3.0, *, ordered: bool = False) -> bool:
+def is_equiv(
+    prediction: str, gold: str, timeout_s: float = 3.0, *, ordered: bool = False, rule: str = "last"
+) -> bool:
     """Whether a prediction equals the gold answer (hard time limit; a time-out is False).
 
-    A whole solution is accepted too: its final answer is extracted first. ordered: the question asks
-    for an ordered list, so '2, 1' is not '1, 2'.
+    A whole solution is accepted on either side: its final answer is extracted first, by the same rule
+    for both. ordered: the question asks for an ordered list, so '2, 1' is not '1, 2'. rule: see
+    `extract_answer`.
     """
-    return _equiv_many([(_answer_text(prediction), gold)], timeout_s, None, ordered)[0]
+    return _equiv_many([(_answer_text(prediction, rule), gold)], timeout_s, None, ordered, rule)[0]
 
 
 def equivalent_answers(
@@ -154,12 +178,14 @@ def equivalent_answers(
     return _equiv_many(list(pairs), timeout_s, None, ordered)
 
 
-def grade(response: str, gold: str, timeout_s: float = 3.0, *, ordered: bool = False) -> float:
+def grade(
+    response: str, gold: str, timeout_s: float = 3.0, *, ordered: bool = False, rule: str = "last"
+) -> float:
     """1.0 if the response's extracted answer equals gold, else 0.0; extraction and comparison together
-    take at most about timeout_s."""
+    take at most about timeout_s. rule: see `extract_answer`."""
     deadline = time.monotonic() + timeout_s
-    answer = extract_answer(response or "") or ""
-    ok = _equiv_many([(answer, gold)], max(0.05, deadline - time.monotonic()), None, ordered)[0]
+    answer = extract_answer(response or "", rule) or ""
+    ok = _equiv_many([(answer, gold)], max(0.05, deadline - time.monotonic()), None, ordered, rule)[0]
     return 1.0 if ok else 0.0
 
 
@@ -170,9 +196,10 @@ def grade_batch(
     num_workers: int | None = None,
     *,
     ordered: bool = False,
+    rule: str = "last",
 ) -> list[float]:
     """Grade many responses: cheap cases inline, the rest in parallel workers, each with a hard limit."""
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} golds")
-    pairs = [(extract_answer(r or ""), g) for r, g in zip(responses, golds)]
-    return [1.0 if ok else 0.0 for ok in _equiv_many(pairs, timeout_s, num_workers, ordered)]
+    pairs = [(extract_answer(r or "", rule), g) for r, g in zip(responses, golds)]
+    return [1.0 if ok else 0.0 for ok in _equiv_many(pairs, timeout_s, num_workers, ordered, rule)]

@@ -31,8 +31,8 @@ _FRAC_RE = re.compile(r"(-?)\\frac\{(-?\d{1,30})\}\{(-?\d{1,30})\}|(-?\d{1,30})/
 
 
 def quick_number(s: str) -> Fraction | None:
-    """Exact value of a plain number ('1,000', '2.5e3', '3\\times10^{4}', '\\frac{1}{2}', '-3/4'), else None."""
-    s = s.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s) else s
+    """Exact value of a plain number ('2.5e3', '3\\times10^{4}', '\\frac{1}{2}', '-3/4'), else None. Called on
+    normalised answers, where thousands separators are gone and a comma left separates list items."""
     if len(s) > 80:
         return None
     m = _SCI_RE.fullmatch(s)
@@ -137,8 +137,12 @@ def _same_precision(p: str, g: str) -> bool:
 
 
 def _pred_choice(pred: str) -> str | None:
-    """Qwen's choice_answer_clean: the last standalone capital A-E in the prediction."""
-    found = re.findall(r"\b([A-E])\b", pred)
+    """Qwen's choice_answer_clean: the last standalone capital A-E in the prediction; a marked letter
+    (B', B^*, B_1) is another label, not B."""
+    lone = re.fullmatch(r"\s*\(?([a-e])\)?\.?\s*", pred)  # 'c' alone is the choice C (Qwen, Math-Verify)
+    if lone:
+        return lone.group(1).upper()
+    found = re.findall(r"(?<![A-Za-z0-9_\\])([A-E])(?![A-Za-z0-9_'*^′])", pred)
     return found[-1] if found else None
 
 
@@ -154,11 +158,62 @@ def _lhs_name(s: str) -> str | None:
     return m.group(1).replace("{", "").replace("}", "") if m else None
 
 
+_NAME = r"[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+"
+_NAMED_TUPLE_RE = re.compile(rf"\(\s*((?:{_NAME})(?:\s*,\s*(?:{_NAME}))+)\s*\)\s*=\s*(.+)", re.DOTALL)
+_NAMED_ITEM_RE = re.compile(rf"\s*({_NAME})\s*=\s*([^=<>]+?)\s*")
+
+
+def named_values(s: str) -> list[tuple[str, str]] | None:
+    """'(x, y) = (1, 4)' or 'x = 1, y = 4' -> [('x', '1'), ('y', '4')]: an answer that names each of its
+    values (Math-Verify unwraps an assignment whose left side is only symbols); None otherwise, also for
+    'x = 2, x = 3' (one unknown's solutions are a list, not names)."""
+    s = re.sub(r"\\left|\\right|\$", "", s).strip()
+    if len(s) > 300:
+        return None
+    m = _NAMED_TUPLE_RE.fullmatch(s)
+    if m:
+        names = [n.strip() for n in m.group(1).split(",")]
+        w = _wrapped(m.group(2).strip())
+        values = split_top(w[1], ",") if w and w[0] == "(" else []
+        pairs = list(zip(names, (v.strip() for v in values)))
+    else:
+        items = [
+            i for part in split_top(s, ",") for i in re.split(r"\s+(?:and|\\text\{\s*and\s*\})\s+", part)
+        ]
+        matches = [_NAMED_ITEM_RE.fullmatch(i) for i in items]
+        if len(items) < 2 or not all(matches):
+            return None
+        pairs = [(mm.group(1), mm.group(2)) for mm in matches]
+        values = [v for _, v in pairs]
+    names = [n for n, _ in pairs]
+    if len(names) != len(values) or len(set(names)) != len(names) or not all(v for _, v in pairs):
+        return None
+    if not m and len({re.sub(r"_.*", "", n) for n in names}) == 1:
+        return None  # 'x_1 = 3, x_2 = 5': the roots of one unknown, a list in any order
+    return pairs
+
+
+def _named_forms(pred: str, gold: str) -> bool | tuple[str, str]:
+    """Named answers compare value by name ('y = 4, x = 1' is '(x, y) = (1, 4)'); a named side against a
+    plain tuple compares in the named side's order."""
+    pn, gn = named_values(pred), named_values(gold)
+    if pn is None and gn is None:
+        return pred, gold
+    if pn is not None and gn is not None:
+        pd, gd = dict(pn), dict(gn)
+        if set(pd) != set(gd):
+            return False
+        return "(" + ", ".join(pd[n] for n, _ in gn) + ")", "(" + ", ".join(v for _, v in gn) + ")"
+    if pn is not None:
+        return "(" + ", ".join(v for _, v in pn) + ")", gold
+    return pred, "(" + ", ".join(v for _, v in gn) + ")"
+
+
 def answer_forms(pred: str, gold: str) -> bool | tuple[str, str]:
     """Rules decided on the raw answers: a verdict, or the (pred, gold) to compare from here on.
 
     Clock times and numbers in other bases compare by value; a choice letter by letter (a gold '(B) 12'
-    also accepts its text); two quantities with units convert to one unit; a degree answer against a
+    also accepts its text); named values by name ('(x, y) = (1, 4)'); two quantities with units convert to one unit; a degree answer against a
     radian one (with pi) is converted; 'x = 3' against 'y = 3' names a different unknown.
     """
     for rule in (forms.clock_equal, forms.based_equal):
@@ -166,6 +221,9 @@ def answer_forms(pred: str, gold: str) -> bool | tuple[str, str]:
         if verdict is not None:
             return verdict
     g_choice, p_choice = forms.choice(gold), forms.choice(pred)
+    lone = re.fullmatch(r"\s*\(?([a-e])\)?\.?\s*", pred)  # 'c' alone is the choice C (Qwen, Math-Verify)
+    if g_choice is not None and p_choice is None and lone:
+        return lone.group(1).upper() == g_choice.letter
     if g_choice is not None:
         if p_choice is not None:
             return p_choice.letter == g_choice.letter
@@ -174,6 +232,10 @@ def answer_forms(pred: str, gold: str) -> bool | tuple[str, str]:
         gold = g_choice.text
     elif p_choice is not None and p_choice.text:
         pred = p_choice.text
+    named = _named_forms(pred, gold)
+    if isinstance(named, bool):
+        return named
+    pred, gold = named
     p_name, g_name = _lhs_name(pred), _lhs_name(gold)
     if p_name and g_name and p_name.lower() != g_name.lower():
         return False
@@ -181,8 +243,11 @@ def answer_forms(pred: str, gold: str) -> bool | tuple[str, str]:
     if pq is not None and gq is not None:
         if pq[1] != gq[1]:
             return False
-        pn, factor = quick_number(normalize_answer(pq[0])), pq[2] / gq[2]
-        if pn is not None:
+        value_text = normalize_answer(pq[0])
+        pn, factor = quick_number(value_text) or forms.decimal_comma(value_text), pq[2] / gq[2]
+        if factor == 1:
+            pred = pq[0]
+        elif pn is not None:
             value = pn * factor
             pred = f"{value.numerator}/{value.denominator}" if value.denominator != 1 else str(value)
         else:
@@ -209,8 +274,10 @@ def quick_equiv(pred: str, gold: str, ordered: bool = False) -> bool | None:
     if not p or not g:
         return False
     pn, gn = quick_number(p), quick_number(g)
-    if gn is not None and pn is None and "." in g:
-        pn = forms.decimal_comma(p)  # '3,5' against the decimal 3.5
+    if gn is not None and pn is None:
+        pn = forms.decimal_comma(p)  # '3,5' against the single number 3.5 (or 7/2): a decimal comma
+    elif pn is not None and gn is None:
+        gn = forms.decimal_comma(g)
     if pn is not None and gn is not None:
         pw, gw = written_number(pred), written_number(gold)
         pw, gw = (pw, gw) if literal_decimals(pw) and literal_decimals(gw) else (p, g)

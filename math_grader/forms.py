@@ -6,13 +6,15 @@ Conventions (the tests in tests/grader_cases/ spell them out per family):
 - numbers: thousands may be grouped by ',' (1,000 and Indian 1,00,000), '.' (only with several groups or a
   decimal comma: 1.000.000, 1.234,5), spaces (also no-break/thin), apostrophes (1'000); a single '.' is
   always a decimal point; a lone ',' with digits after it is a decimal comma only when the other answer
-  is a single decimal number (`decimal_comma`).
+  is a single number (`decimal_comma`); a ',' followed by a space separates list items ('12, 345').
 - bases: 1011_2, 1011_{(2)}, 1011_{\\text{two}}, 0x2A, 0b1011. The same digits with or without the base
   match; two answers with explicit bases match when their values agree.
 - clock times: h:mm with optional AM/PM; 12 AM is midnight; an answer without AM/PM and below 13:00
   matches either half of the day.
 - units: a unit on both sides converts within its kind (km/m, h/min, kg/g, L/mL, ft/in); a unit on one
-  side only is dropped by normalisation, since the question fixed the unit.
+  side only is dropped by normalisation, since the question fixed the unit, whichever side carries it.
+- choices: '(B)', 'B)', 'B.', 'option B', 'B Paris' (a letter and its option text) are the letter B; a
+  marked letter (B', B^*) is another label.
 """
 
 from __future__ import annotations
@@ -237,7 +239,7 @@ def quantity(s: str) -> tuple[str, str, Fraction] | None:
 # ---------------------------------------------------------------------------------------------------
 _CHOICE_RE = re.compile(
     r"(?:(?:option|choice|answer)\s*:?\s*)?"
-    r"(?:\(([A-E])\)|\[([A-E])\]|([A-E])(?:[.):](?=\s|$|[^A-Za-z])|$))\s*(.*)",
+    r"(?:\(([A-E])\)|\[([A-E])\]|([A-E])(?:[.):](?=\s|$|[^A-Za-z])|$|\s+(?=[A-Z][a-z]{2,})))\s*(.*)",
     re.IGNORECASE | re.DOTALL,
 )
 _CHOICE_WRAP_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textrm|mbox)\s*\{([^{}]*)\}")
@@ -250,7 +252,7 @@ class Choice:
 
 
 def choice(s: str) -> Choice | None:
-    """'(B)', 'B)', 'B.', 'option B', '\\text{(B) } 12', '**B**' -> Choice('B', text)."""
+    """'(B)', 'B)', 'B.', 'option B', '\\text{(B) } 12', '**B**', 'B Paris' -> Choice('B', text)."""
     s = _CHOICE_WRAP_RE.sub(r"\1", s).replace("**", "").replace("$", " ").strip()
     if len(s) > 300:
         return None

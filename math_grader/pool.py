@@ -36,6 +36,36 @@ PARENT_ENV = "RLPOST_GRADER_PARENT_PID"
 WATCHDOG_PERIOD_S = 0.5
 
 
+# one comparison of each kind a worker does (simplify, relations, intervals, matrices, functions), run before
+# a worker reports ready
+WARM_UP_PAIRS = (
+    ("\\frac{x^2-1}{x-1}", "x+1"),
+    ("x^2+2x+1=0", "(x+1)^2=0"),
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("[1,2)", "1\\le x<2"),
+    ("\\sin^2 x+\\cos^2 x", "1"),
+    ("\\begin{pmatrix}1&x\\\\3&4\\end{pmatrix}", "\\begin{pmatrix}1&x\\\\3&4\\end{pmatrix}"),
+    ("\\log_2 8+e^{\\pi}", "3+e^{\\pi}"),
+    ("\\{1,\\frac{x}{2}\\}", "\\{\\frac{x}{2},1\\}"),
+)
+
+
+def _warm_up_sympy(limit_s: float = 10.0) -> None:
+    """sympy loads parts of itself on first use (~0.4 s): do that here, before the worker reports ready,
+    not in a graded call. Bounded by an alarm; a failure only leaves the load to the first real call."""
+    from math_grader.equiv import structural_equiv, sympy_scalar_eq
+
+    signal.signal(signal.SIGALRM, _alarm_handler)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        for pred, gold in WARM_UP_PAIRS:
+            structural_equiv(pred, gold, sympy_scalar_eq)
+    except Exception:  # noqa: BLE001 - warming up is best effort
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def _alarm_handler(signum: int, frame: object) -> None:
     raise TimeoutError("comparison timed out")
 
@@ -87,6 +117,7 @@ def worker_main() -> None:
     import math_grader.equiv  # noqa: F401 - import before reporting ready
     import math_grader.parse  # noqa: F401 - imports sympy (seconds), which must not eat a comparison's time
 
+    _warm_up_sympy()
     out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()
@@ -213,6 +244,12 @@ class GraderPool:
         worker.kill()
         self._workers.remove(worker)
         self._workers.append(_Worker(self.worker_cmd))
+
+    def start(self) -> None:
+        """Start the worker processes now and return at once: they import sympy (1-2 s) while the caller
+        generates, so no grading call waits for them (each one's ready line is read by the next run)."""
+        with self._lock:
+            self._fill()
 
     def run(self, tasks: list[tuple[str, str, bool]], timeout_s: float) -> list[bool]:
         """Compare every (pred, gold, ordered); a comparison past timeout_s is killed and scored False."""

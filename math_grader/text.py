@@ -7,19 +7,18 @@ response; all sympy work happens elsewhere.
 from __future__ import annotations
 
 import re
+from collections import deque
+from collections.abc import Callable
 from fractions import Fraction
+from functools import partial
 
+from math_grader import forms
 from math_grader.forms import plain_number, unify_spaces
 
 # ---------------------------------------------------------------------------------------------------
 # extraction
 # ---------------------------------------------------------------------------------------------------
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
-_MC_RE = re.compile(
-    r"(?:answer|choice|option)(?:\s+is)?\s*[:：]?\s*(?:\*\*)?\s*(?:\\text\{)?\(?([A-E])\)?\}?(?:\*\*)?\s*\.?\s*$",
-    re.IGNORECASE,
-)
-_NUMBER_RE = re.compile(r"-?\d*\.?\d+")
 _SPAN_OPEN_RE = re.compile(r"\$\$?|\\[(\[]")
 _SPAN_CLOSE = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 
@@ -75,10 +74,14 @@ MAX_BOXES = 16  # only the last few boxes matter; bounds the brace matching on a
 MAX_RESPONSE_CHARS = 30_000  # answers sit at the end; bounds regex work on huge responses
 
 
-def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, content) of every \\boxed{...}/\\fbox{...}, also the brace-less '\\boxed 5'."""
+def _boxed_spans(text: str, open_end: bool = False) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every \\boxed{...}/\\fbox{...}, also the brace-less '\\boxed 5'.
+
+    open_end: the text was cut on the right inside an answer window, so a last box still open at the cut
+    is an answer too long to hold (its content so far stands for it, compared as a string only)."""
     spans = []
-    for m in list(_BOX_RE.finditer(text))[-MAX_BOXES:]:
+    boxes = list(_BOX_RE.finditer(text))[-MAX_BOXES:]
+    for k, m in enumerate(boxes):
         rest = text[m.end() :]
         stripped = rest.lstrip()
         if stripped.startswith("{"):
@@ -86,6 +89,8 @@ def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
             end = match_brace(text, start)
             if end >= 0:
                 spans.append((m.start(), end + 1, text[start + 1 : end].strip()))
+            elif open_end and k == len(boxes) - 1:
+                spans.append((m.start(), len(text), text[start + 1 :].strip()))
             continue
         value = re.split(r"[$\n]", stripped, maxsplit=1)[0].strip()
         if value:
@@ -99,23 +104,34 @@ def last_boxed(text: str) -> str | None:
     return spans[-1][2] if spans else None
 
 
+# what may stand between boxes that list one answer: '\\boxed{2} and \\boxed{3}', '$x=\\boxed{2}$, $y=\\boxed{5}$',
+# '\\boxed{3} \\quad\\text{and}\\quad \\boxed{4}' (any run of connectors, then an optional 'y =')
 _JOINER_RE = re.compile(
-    r"[\s$,;]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\quad|\\,)[\s$,;]*)?(?:[a-zA-Z]\s*=\s*)?"
+    r"[\s$,;]*(?:(?:and|or|\\text\{\s*(?:and|or|,)?\s*\}|\\q?quad(?![a-zA-Z])|\\[,;: ]|~|&)[\s$,;]*)*"
+    r"(?:[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*)?"
 )
+MAX_JOINER_CHARS = 200
+
+
+def _box_groups(spans: list[tuple[int, int, str]], text: str) -> list[tuple[int, int, str]]:
+    """Boxes joined only by connectors become one listed answer: (start, end, 'a, b')."""
+    groups: list[list[tuple[int, int, str]]] = []
+    for span in spans:
+        if groups:
+            prev = groups[-1][-1]
+            gap = text[prev[1] : span[0]]
+            joined = len(gap) <= MAX_JOINER_CHARS and gap.strip(" $") and _JOINER_RE.fullmatch(gap)
+            if prev[1] <= span[0] and joined:
+                groups[-1].append(span)
+                continue
+        groups.append([span])
+    return [(g[0][0], g[-1][1], ", ".join(c for _, _, c in g)) for g in groups]
 
 
 def final_boxed(text: str) -> str | None:
     """Last boxed answer; '\\boxed{2} and \\boxed{3}' (only connectors between) becomes '2, 3'."""
-    spans = _boxed_spans(text)
-    if not spans:
-        return None
-    group = [spans[-1]]
-    for prev in reversed(spans[:-1]):
-        gap = text[prev[1] : group[0][0]]
-        if prev[1] > group[0][0] or not _JOINER_RE.fullmatch(gap) or not gap.strip(" $"):
-            break
-        group.insert(0, prev)
-    return ", ".join(c for _, _, c in group)
+    groups = _box_groups(_boxed_spans(text), text)
+    return groups[-1][2] if groups else None
 
 
 # "the answer is", "Answer:" and their translations; the answer follows the last one in the response.
@@ -134,7 +150,49 @@ _ANSWER_PHRASE_RE = re.compile(
     r"|jawaban(?:nya)?\s++(?:adalah|ialah)|jawaban(?:nya)?\s*+[:：]|(?:cevap|yan[ıi]t)\s*+[:：])",
     re.IGNORECASE,
 )
-_SENTENCE_END_RE = re.compile(r"(?<!\\)\.(?=\s|$)|[。！？；，、]|[!?;](?=\s|$)")
+
+# the words every answer phrase contains: found with str.rfind (C speed) so that the phrase regex, which
+# tries every position, only runs around them
+_PHRASE_KEYS = (
+    "answer",
+    "答案",
+    "答え",
+    "정답",
+    "답",
+    "respuesta",
+    "réponse",
+    "reponse",
+    "antwort",
+    "resposta",
+)
+_PHRASE_KEYS += ("risposta", "ответ", "jawaban", "cevap", "yanıt", "yanit")
+MAX_PHRASE_KEYS = 16  # only the last few mentions of an answer word are read (bounded on any input)
+
+
+def answer_phrases(text: str, limit: int = MAX_PHRASE_KEYS) -> list[re.Match[str]]:
+    """The answer phrases ('the answer is', 'Answer:', '答案是', ...) among the last `limit` mentions of an
+    answer word, in text order."""
+    low = text.lower()
+    if len(low) != len(text):  # a character whose lower case is longer: search the text as it is
+        low = text
+    keys: list[int] = []
+    for key in _PHRASE_KEYS:
+        pos = len(low)
+        for _ in range(limit):
+            pos = low.rfind(key, 0, pos)
+            if pos < 0:
+                break
+            keys.append(pos)
+    found: dict[int, re.Match[str]] = {}
+    for pos in sorted(keys)[-limit:]:
+        for m in _ANSWER_PHRASE_RE.finditer(text, max(0, pos - 40), min(len(text), pos + 60)):
+            if m.start() <= pos < m.end():
+                found[m.start()] = m
+    return [found[k] for k in sorted(found)]
+
+
+# a ';' ends the sentence unless a list item follows ('1; 2; 3')
+_SENTENCE_END_RE = re.compile(r"(?<!\\)\.(?=\s|$)|[。！？；，、]|[!?](?=\s|$)|;(?=\s*$|\s+[^\d\s\-+(\[{\\$])")
 # unicode that may appear inside an answer; any other non-ASCII character ends it ('15입니다' -> '15')
 _MATH_UNICODE = "π√×·−≤≥≠∞°½¼¾⅓⅔⅛⅜⅝⅞％’\u00a0\u2009\u202f∪∩∈⟨⟩∅ℝ"
 
@@ -151,24 +209,6 @@ def _cut_sentence(text: str) -> str:
     return text.strip()
 
 
-def _after_phrase(text: str) -> str | None:
-    """The answer after the last answer phrase ('the answer is', 'Answer:', '答案是', 'la respuesta es'...)."""
-    last = None
-    for match in _ANSWER_PHRASE_RE.finditer(text):
-        last = match
-    if last is None:
-        return None
-    rest = text[last.end() :].lstrip(" \t:：*")
-    m = re.match(r"\$\$([^$]+)\$\$|\$([^$]+)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", rest[:2000], re.DOTALL)
-    if m and not rest[m.end() :].lstrip().startswith(("$", "\\")):
-        value = next(g for g in m.groups() if g is not None).strip()
-        value = re.sub(r"\s*\\(?:text|mathrm)\{\s*[a-z ]*\}\s*$", "", value) if "=" not in value else value
-    else:
-        value = _cut_sentence(rest)
-    value = value.strip().strip("*").strip()
-    return _strip_math_delims(value).rstrip(".,;:").strip() or None
-
-
 def _strip_math_delims(text: str) -> str:
     text = text.strip()
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
@@ -177,69 +217,343 @@ def _strip_math_delims(text: str) -> str:
     return text
 
 
+_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff01-\uff5e]")
+
+
+_PROSE_WORD_RE = re.compile(r"(?:(?<=^)|(?<=[\s(\"'“*]))[^\W\d_]{2,}(?=$|[\s,;:!?)\"'”*]|\.(?:\s|$))")
+
+
+def _prose_words(text: str) -> list[str]:
+    """Words of two or more letters outside math spans and LaTeX commands."""
+    outside = text
+    for start, end, _ in reversed(math_spans(text)):
+        outside = outside[:start] + " " + outside[end:]
+    body = re.sub(r"\\(?:begin|end)\{[^{}]*\}|\\[a-zA-Z]+", " ", outside)
+    # a word stands between spaces or punctuation: 'np.arcsin(10/13)' and '{dM}' hold none
+    return _PROSE_WORD_RE.findall(body)
+
+
 def _looks_bare(text: str) -> bool:
     """True when the whole text is an answer ('$\\frac{1}{3}$', 'x = 5', 'Evelyn'), not prose."""
-    if len(text) > 120 or "\n" in text.strip() or _BOX_RE.search(text):
+    if len(text) > 120 or "\n" in text.strip() or _BOX_RE.search(text) or _CJK_RE.search(text):
         return False
-    spans = math_spans(text)
-    outside = text
-    for start, end, _ in reversed(spans):
-        outside = outside[:start] + " " + outside[end:]
-    if spans:
-        return not re.search(r"[A-Za-z]{2,}", outside)
     body = re.sub(r"\\(?:text|mathrm|textbf)\{[^{}]*\}|\\[a-zA-Z]+", " ", text)
     words = re.findall(r"[A-Za-z]{2,}", body)
     return len(words) == 0 or (len(words) == 1 and text.strip() == words[0])
 
 
-def _last_span_answer(text: str, number: re.Match[str]) -> str | None:
-    """When the last number sits inside the last $...$ span, take the span ('$\\frac{2}{3}$' not '3')."""
+# A number of its own: never digits inside a word or identifier ('QX7RT', 'B12', 'x3y', 'pytest-0') nor a
+# reference label ('equation (2)'; Math-Verify anchors
+# numbers the same way); a unit or ordinal glued to it ('20kg', '3rd') is allowed and dropped.
+_NUMBER_TOKEN_RE = re.compile(
+    r"(?<![A-Za-z0-9_.\\^'])(?<![A-Za-z_]-)(?<![A-Za-z]\s\()(-?(?:\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d)|\d+(?:[.,]\d+)*|\.\d+)(?:/\d+)?%?)"
+    r"(?:(?:cm|mm|km|kg|mg|ml|m|g|s|h|min|mph|st|nd|rd|th|pm|am)(?![A-Za-z0-9_]))?(?![A-Za-z0-9_])"
+)
+_EQUALS_SPLIT_RE = re.compile(r"(?<![<>!\\])=|\\approx|\\Rightarrow|\\implies|\\to(?![a-zA-Z])")
+
+
+def _number_text(match: re.Match[str]) -> str:
+    """A number token as an answer: '1,234,567' -> '1234567' (commas grouping thousands)."""
+    token = re.sub(r"(?<=\d)[ \u00a0\u202f](?=\d{3})", "", match.group(1))
+    return token.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?", token) else token
+
+
+def _after_last_equals(content: str) -> str:
+    """'\\binom{5}{2} = 10' -> '10': what a chain of equalities ends in."""
+    return _EQUALS_SPLIT_RE.split(content)[-1].strip()
+
+
+_SPAN_JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*")
+
+
+def _joined_spans(text: str, spans: list[tuple[int, int, str]], forward: bool = False) -> str:
+    """The last span's value, with the spans before it joined by ',' / 'and' / 'or' ('$x = 2$ and $x = -3$'
+    is '2, -3': Math-Verify reads such a run as one listed answer)."""
+
+    def lhs(content: str) -> str:
+        parts = _EQUALS_SPLIT_RE.split(content)
+        return re.sub(r"\s", "", parts[0]) if len(parts) > 1 else ""
+
+    if forward:  # from the first span on, as far as the spans are joined; named values keep their names
+        n = 1
+        while n < len(spans) and _SPAN_JOIN_RE.fullmatch(text[spans[n - 1][1] : spans[n][0]]):
+            n += 1
+        if len({lhs(c) for _, _, c in spans[:n]}) > 1:
+            return ", ".join(c.strip() for _, _, c in spans[:n])  # '$x = 2$ and $y = 3$'
+        spans = spans[:n]
+    k, values = len(spans) - 1, [_after_last_equals(spans[-1][2])]
+    while (
+        k > 0
+        and len(values) < MAX_BOXES
+        and lhs(spans[k - 1][2])
+        == lhs(spans[k][2])  # '$x = 2$ and $x = -3$', not '$\\det A = 5$ and $A^{-1} = ..$'
+        and _SPAN_JOIN_RE.fullmatch(text[spans[k - 1][1] : spans[k][0]])
+    ):
+        k -= 1
+        values.insert(0, _after_last_equals(spans[k][2]))
+    return ", ".join(v for v in values if v)
+
+
+# a number with math attached outside $...$: '36π', '12\\sqrt{3}', '5√2', '\\frac{3}{4}\\pi', '2^{10}'
+_ATTACHED = (
+    r"π|\\pi(?![a-zA-Z])|√\s*\d+|\\sqrt\s*(?:\[[^\]]{1,10}\])?\s*(?:\{[^{}]{1,40}\}|\d)"
+    r"|\\[dt]?frac\s*\{[^{}]{1,40}\}\s*\{[^{}]{1,40}\}|\^\s*(?:\{[^{}]{1,20}\}|\d+)"
+)
+_BARE_MATH_RE = re.compile(
+    rf"(?<![A-Za-z0-9_.])-?(?:\d+(?:\.\d+)?\s*)?(?:{_ATTACHED})(?:\s*(?:{_ATTACHED}))*"
+)
+
+
+def final_expression(text: str) -> str | None:
+    """The last expression of a sentence or a solution: the last number of its own, or, when that number
+    sits in the last $...$ span (or there is no number at all), that span after its last '='."""
     spans = math_spans(text)
-    if not spans:
-        return None
-    start, end, content = spans[-1]
-    if not (start <= number.start() and number.end() <= end):
-        return None
-    parts = re.split(r"(?<![<>!])=|\\approx|\\Rightarrow|\\implies|\\to(?![a-zA-Z])", content)
-    return parts[-1].strip() or None
+    numbers = list(_NUMBER_TOKEN_RE.finditer(text))
+    if numbers:
+        last = numbers[-1]
+        if spans and spans[-1][0] <= last.start() and last.end() <= spans[-1][1]:
+            return _joined_spans(text, spans) or _number_text(last)
+        if re.search(r"π|√|\\[a-z]|\^", text):
+            runs = deque(_BARE_MATH_RE.finditer(text, max(0, last.start() - 60)), maxlen=1)
+            if runs and runs[0].start() <= last.start() < runs[0].end() and runs[0].end() >= last.end():
+                return runs[0].group().strip()  # '12\\sqrt{3}', not its last digit
+        return _number_text(last)
+    if spans:
+        return _after_last_equals(spans[-1][2]) or None
+    return None
 
 
-def extract_answer(text: str) -> str | None:
-    """Pull the final answer out of a model response (first applicable rule wins), or None."""
+_ARITHMETIC_CHAIN_RE = re.compile(r"[\d\s.+\-*/×÷()^{}\\]|\\(?:times|cdot|div|frac|left|right)")
+
+
+def reduce_arithmetic_chain(value: str) -> str:
+    """'3 + 4 = 7' -> '7': an equation whose left side is only arithmetic states its result."""
+    parts = _EQUALS_SPLIT_RE.split(value)
+    if len(parts) < 2 or not parts[-1].strip():
+        return value
+    lhs, result = parts[0], parts[-1]
+    arithmetic = not _ARITHMETIC_CHAIN_RE.sub("", lhs).strip() and re.search(
+        r"\d\s*(?:[-+*/×÷]|\\times|\\cdot|\\div)", lhs
+    )
+    if arithmetic and not re.search(r"[A-Za-z]", re.sub(r"\\[a-zA-Z]+", "", result)):
+        return result.strip()
+    return value
+
+
+# the answer comes after the phrase: adverbs before it are dropped, and a phrase followed by a verdict
+# ('the answer is correct', 'the answer is not 5') states no answer, so an earlier answer stands
+_ADVERB_RE = re.compile(
+    r"(?:therefore|thus|hence|clearly|simply|then|indeed|just|exactly|definitely|finally|so|about|approximately"
+    r"|roughly|around|nearly|\\approx|≈)\s*,?\s+",
+    re.I,
+)
+_NOT_AN_ANSWER_RE = re.compile(
+    r"(?:not|correct|incorrect|right|wrong|verified|confirmed|consistent|valid|invalid|reasonable|plausible"
+    r"|above|below|as\s+(?:above|before|shown|expected|computed|found|stated)|the\s+same|unchanged|given|shown|boxed|in\s+the\s+box|clear|obvious|wrong)(?![\w])",
+    re.I,
+)
+_REASON_RE = re.compile(
+    r",?\s+(?:because|since|which|where|given\s+that|so\s+that|as\s+(?:shown|computed)|not|rather\s+than"
+    r"|instead\s+of)\b|\s+\((?:not|since|because)\b"
+)
+
+
+def _phrase_value(text: str, end: int) -> str | None:
+    """The answer stated after an answer phrase ending at `end`, or None."""
+    rest = text[end : end + 2000].lstrip(" \t:：*")
+    rest = _ADVERB_RE.sub("", rest, count=1) if _ADVERB_RE.match(rest) else rest
+    if not rest or _NOT_AN_ANSWER_RE.match(rest):
+        return None
+    m = re.match(r"\$\$([^$]+)\$\$|\$([^$]+)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", rest, re.DOTALL)
+    if m and not rest[m.end() :].lstrip().startswith(("$", "\\")):
+        value = next(g for g in m.groups() if g is not None).strip()
+        value = re.sub(r"\s*\\(?:text|mathrm)\{\s*[a-z ]*\}\s*$", "", value) if "=" not in value else value
+        spans = math_spans(_cut_sentence(rest))
+        if len(spans) > 1 and spans[0][0] == 0:  # '$\\frac12$ or $\\frac13$': one listed answer
+            value = _joined_spans(rest, spans, forward=True) or value
+    else:
+        value = _cut_sentence(rest)
+        reason = _REASON_RE.search(value)
+        if reason and reason.start() > 0:
+            value = value[: reason.start()]
+        if _CJK_RE.search(value) or len(_prose_words(value)) >= 2:
+            value = final_expression(value) or value  # 'The smallest $k$ is 12.' -> '12'
+    value = re.sub(r"^\*+|\*\*$", "", value.strip()).strip()  # markdown bold, not a starred 'B*'
+    value = _strip_math_delims(value).rstrip(".,;:").strip()
+    letter = re.fullmatch(r"\(([A-E])\)", value)
+    return (letter.group(1) if letter else value) or None
+
+
+# a choice said in prose (lighteval / Math-Verify look for the letter just after "answer"): "which makes the
+# answer D", "option (A) is correct", "the correct choice is C", "I choose B"
+_LETTER = r"(?:\*\*)?(?:\\text(?:bf)?\{)?\(?([A-E])\)?\}?(?:\*\*)?(?![A-Za-z0-9'*^′_])"
+_CHOICE_PROSE_RE = re.compile(
+    r"(?<![A-Za-z])(?:(?i:answer)(?:\s+(?i:is|would\s+be|must\s+be|should\s+be|will\s+be))?\s*[:=]?"
+    r"|(?i:(?:correct|right|best)\s+(?:option|choice)\s+is))"
+    rf"\s*(?:(?i:therefore|thus|hence|clearly)\s+)?{_LETTER}(?!\s*[=+\-*/^<>])"
+    # a verb of choosing counts only when the letter ends the sentence ("choose D to be the foot" does not)
+    rf"|(?<![A-Za-z])(?i:choose|select|pick|go\s+with|opt\s+for)(?:\s+(?i:option|choice))?\s*{_LETTER}"
+    r"(?=\s*(?:[.!]|$))"
+    rf"|(?<![A-Za-z])(?i:option|choice)\s+{_LETTER}\s+(?i:is|was)\s+(?i:correct|right|the\s+answer)"
+)
+_HOPE = "final answer is $"
+MAX_CANDIDATES = 8  # per kind of answer marker: only the last few can be the final answer
+MARKER_CONTEXT_CHARS = 2000  # text kept before the last answer marker (joined boxes, "x =")
+MAX_SCAN_CHARS = 1_000_000  # a longer response is read from its last million characters
+
+
+def _inside(pos: int, spans: list[tuple[int, int, str]]) -> bool:
+    return any(start < pos < end for start, end, _ in spans)
+
+
+def _candidates(text: str, open_end: bool) -> list[tuple[int, int, Callable[[], str | None]]]:
+    """(position, rank, value) of each answer marker: boxes (joined), "final answer is $..$. I hope",
+    <answer> tags, '####', answer phrases in several languages, a choice said in prose. Markers inside a
+    box belong to the box."""
+    out: list[tuple[int, int, Callable[[], str | None]]] = []
+    box_spans = _boxed_spans(text, open_end) if _BOX_RE.search(text) else []
+    for start, _, content in _box_groups(box_spans, text)[-MAX_CANDIDATES:]:
+        out.append((start, 0, lambda c=content: c or None))
+    pos = len(text)
+    for _ in range(MAX_CANDIDATES):
+        pos = text.rfind(_HOPE, 0, pos)
+        if pos < 0:
+            break
+        stop = text.find("$. I hope", pos + len(_HOPE), pos + len(_HOPE) + 2000)
+        if stop >= 0:
+            value = text[pos + len(_HOPE) : stop].strip()
+            out.append((pos, 1, lambda v=value: v or None))
+    tag_end = text.rfind("</answer>")
+    if tag_end >= 0:
+        tag_start = text.rfind("<answer>", 0, tag_end)
+        if tag_start >= 0:
+            value = text[tag_start + len("<answer>") : tag_end].strip()
+            out.append((tag_start, 2, lambda v=value: _strip_math_delims(v) or None))
+    hashes = text.rfind("####")
+    if hashes >= 0:
+        line = text[hashes + 4 :].lstrip("# ").split("\n", 1)[0].strip()
+        out.append((hashes, 3, lambda v=line: _strip_math_delims(v) or None))
+    phrases = answer_phrases(text)[-MAX_CANDIDATES:]
+    for m in phrases:
+        out.append((m.start(), 4, partial(_phrase_value, text, m.end())))
+    choices: deque[re.Match[str]] = deque(maxlen=MAX_CANDIDATES)
+    choices.extend(_CHOICE_PROSE_RE.finditer(text, max(0, len(text) - 4000)))
+    for m in choices:  # a letter right after an answer phrase is that phrase's value ('(B) 12'), not another
+        if not any(p.start() <= m.start() <= p.end() for p in phrases):
+            out.append((m.start(), 5, partial(str, m.group(1) or m.group(2) or m.group(3))))
+    return [c for c in out if c[1] == 0 or not _inside(c[0], box_spans)]
+
+
+def has_answer_marker(text: str) -> bool:
+    """Whether the text marks an answer: a box, an answer tag, '####' or an answer phrase."""
+    return bool(_BOX_RE.search(text) or "</answer>" in text or "####" in text or answer_phrases(text, 4))
+
+
+def is_solution(text: str) -> bool:
+    """Whether a text is a solution to read an answer from rather than an answer: it marks an answer, or
+    it is prose (two or more words outside math and LaTeX commands, one beside a $...$ span, or CJK
+    text). 'B Paris', 'Evelyn', '5 \\text{ cm}', a matrix over several lines are answers."""
+    head, tail = text[:MAX_RESPONSE_CHARS], text[-MAX_RESPONSE_CHARS:]
+    if has_answer_marker(head) or has_answer_marker(tail):
+        return True
+    words = _prose_words(head[:2000])
+    # one word beside a $...$ span ('Thus $v = 3$.') or labelling what follows ('Total: 1 234 567.')
+    sentence = len(words) == 1 and (
+        bool(math_spans(head[:2000])) or re.search(r"[^\W\d_]{2,}\s*:", head[:2000])
+    )
+    return bool(_CJK_RE.search(head[:2000]) or len(words) >= 2 or sentence)
+
+
+# a response that runs on into a new turn (few-shot prompts: "Problem:", chat templates) ends there once
+# it has given an answer: Qwen2.5-Math's parser cuts at "Problem:", lm-eval stops generating there
+_NEXT_TURN_RE = re.compile(
+    r"\n[ \t]*(?:#+[ \t]*)?(?:Problem|Question|Human|User)[ \t]*\d*[ \t]*:|<\|im_start\|>|<\|endoftext\|>"
+)
+
+
+def _cut_next_turn(text: str) -> str:
+    for i, m in enumerate(_NEXT_TURN_RE.finditer(text)):
+        if i >= 4:
+            break
+        if has_answer_marker(text[: m.start()]):
+            return text[: m.start()]
+    return text
+
+
+def _last_marker_start(text: str) -> int:
+    """Where the last answer marker starts (-1: none), in time linear in the text: C-level rfind for
+    boxes, tags, '####' and the answer words of the phrases."""
+    found = max(text.rfind("\\boxed"), text.rfind("\\fbox"), text.rfind("<answer>"), text.rfind("####"))
+    phrases = answer_phrases(text)
+    return max(found, phrases[-1].start()) if phrases else found
+
+
+def answer_window(text: str) -> tuple[str, bool]:
+    """The bounded part of a response its final answer is read from, and whether it was cut on the right.
+
+    A response up to MAX_RESPONSE_CHARS is read whole. A longer one is read from its last answer marker
+    (box, answer tag, '####', answer phrase; with MARKER_CONTEXT_CHARS before it) for MAX_RESPONSE_CHARS,
+    not from a fixed tail: a 100k-character box keeps its box, and text after the answer cannot push the
+    answer out of the window. Without a marker, the last MAX_RESPONSE_CHARS."""
+    if len(text) <= MAX_RESPONSE_CHARS:
+        return text, False
+    text = text[-MAX_SCAN_CHARS:]
+    last = _last_marker_start(text)
+    if last < 0 or last >= len(text) - MAX_RESPONSE_CHARS + MARKER_CONTEXT_CHARS:
+        return text[-MAX_RESPONSE_CHARS:], False
+    start = max(0, last - MARKER_CONTEXT_CHARS)
+    return text[start : start + MAX_RESPONSE_CHARS], True
+
+
+# answer rules: "last" (default) the last committed answer wins; "qwen" Qwen2.5-Math's order of rules, for
+# reproducing its published numbers: "final answer is $..$. I hope" anywhere, else the last box, else the
+# other markers (each the last of its kind), whatever comes after them
+ANSWER_RULES = ("last", "qwen")
+_QWEN_ORDER = {1: 0, 0: 1, 2: 2, 3: 3, 4: 4, 5: 5}  # candidate rank -> Qwen's priority
+
+
+def extract_answer(text: str, rule: str = "last") -> str | None:
+    """The final answer of a model response, or None: the last committed answer wins (rule="last"; see
+    ANSWER_RULES for rule="qwen").
+
+    Every answer marker is a candidate (a box or boxes joined by connectors, "final answer is $..$. I
+    hope", <answer> tags, '####', an answer phrase in one of several languages, a choice said in prose);
+    the one that comes LAST in the text wins, so a later correction replaces an earlier answer whatever
+    its form, and a phrase that states no answer ('the answer is correct') leaves the one before it. A
+    response that runs on into a new problem ends there. Without a marker: the whole text when it is a
+    bare answer, else the final expression (the last number of its own, or the last $...$ span holding
+    it). An arithmetic chain '3 + 4 = 7' answers its result.
+    """
+    if rule not in ANSWER_RULES:
+        raise ValueError(f"answer rule {rule!r} is not one of {', '.join(ANSWER_RULES)}")
     if not text:
         return None
-    text = re.sub(r"(?<!\w)\u043a\u0438(?!\w)", "", text[-MAX_RESPONSE_CHARS:])  # Math-Shepherd step tags
-    has_box = _BOX_RE.search(text) is not None
-    if not has_box:
-        m = _MC_RE.search(re.sub(r"\s+", " ", text[-400:]).rstrip())
-        if m:
-            return m.group(1).upper()
-    if "final answer is $" in text and "$. I hope" in text:
-        tail = text.split("final answer is $", 1)[1]
-        return tail.split("$. I hope", 1)[0].strip()
-    if has_box:
-        boxed = final_boxed(text)
-        if boxed is not None:
-            return boxed
-    if "</answer>" in text:
-        tagged = text.rsplit("</answer>", 1)[0].rsplit("<answer>", 1)
-        if len(tagged) == 2 and tagged[1].strip():
-            return _strip_math_delims(tagged[1].strip())
-    hashes = re.findall(r"####\s*([^\n]+)", text)
-    if hashes and hashes[-1].strip():
-        return _strip_math_delims(hashes[-1].strip())
-    phrase_answer = _after_phrase(text)
-    if phrase_answer:
-        return phrase_answer
-    if _looks_bare(text):
-        return _strip_math_delims(text)
-    numbers = list(_NUMBER_RE.finditer(text.replace(",", "")))
-    if not numbers:
-        return None
-    spans_answer = (
-        _last_span_answer(text, list(_NUMBER_RE.finditer(text))[-1]) if "$" in text or "\\" in text else None
-    )
-    return spans_answer or numbers[-1].group()
+    window, open_end = answer_window(text)
+    window = re.sub(r"(?<!\w)\u043a\u0438(?!\w)", "", window)  # Math-Shepherd step tags
+    window = _cut_next_turn(window)
+    if rule == "qwen":
+        order = sorted(_candidates(window, open_end), key=lambda c: (-_QWEN_ORDER[c[1]], c[0]), reverse=True)
+    else:
+        order = sorted(_candidates(window, open_end), key=lambda c: (c[0], -c[1]), reverse=True)
+    for _, _, value in order:
+        answer = value()
+        if answer:
+            return reduce_arithmetic_chain(answer)
+    if len(window) <= 300 and forms.choice(window.strip()) is not None:
+        return window.strip()  # 'Option B: 42' is the choice B (its text 42)
+    if _looks_bare(window):
+        return reduce_arithmetic_chain(_strip_math_delims(window)) or None
+    last_line = window.strip().rsplit("\n", 1)[-1]
+    if _CJK_RE.search(last_line):
+        answer = final_expression(last_line)
+        if answer:
+            return reduce_arithmetic_chain(answer)
+    tail = window[-4000:]
+    answer = final_expression(tail) if re.search(r"[$\\π√^]", tail) else None
+    if answer is None:
+        numbers = deque(_NUMBER_TOKEN_RE.finditer(window), maxlen=1)
+        answer = _number_text(numbers[0]) if numbers else None
+    return reduce_arithmetic_chain(answer) if answer else None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,7 +625,10 @@ def _remove_trailing_units(s: str) -> str:
     s = _drop_trailing_words(s)
     for _ in range(3):
         m = _TRAILING_TEXT_RE.search(s)
-        if m and s[: m.start()].strip() and _is_unit_text(m.group(1)):
+        spaced_letter = (
+            re.search(r"\d\s$", s[: m.start()]) and re.fullmatch(r"[A-Za-z]", m.group(1)) if m else None
+        )
+        if m and s[: m.start()].strip() and (_is_unit_text(m.group(1)) or spaced_letter):
             s = s[: m.start()].rstrip()
             continue
         new = _TRAILING_UNIT_RE.sub("", s).rstrip()
@@ -472,6 +789,7 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     boxed = last_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
     s = boxed if boxed is not None else s
     s = s.strip().rstrip(".").strip()
+    s = re.sub(r"(?<!\\)\\,(?=\s*\\(?:text|mathrm|mbox)\b)", " ", s)  # '2.5\\,\\text{L}': space, unit
     s = re.sub(r"(?<!\\)\\[!,]|\{,\}", lambda m: "," if m.group() == "{,}" else "", s)
     s = re.sub(r"(?<!\\)\\[;: ]|~|\\q?quad(?![a-zA-Z])", " ", s)
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle|middle)(?![a-zA-Z])", "", s).replace(
@@ -507,6 +825,7 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
         s,
     )
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+    s = re.sub(r"\\(?:euro|pounds|yen)(?![a-zA-Z])|[€£¥₹]", "", s)  # currency signs, as '$' above
     s = _remove_trailing_units(s.strip())
     s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
     s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
@@ -531,8 +850,8 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     s = _repeating_decimal(_fix_sqrt(_fix_fracs(s)))
     s = re.sub(r"(\d)\.0+(?![\d])", r"\1", s)
     s = re.sub(r"(\d\.\d*?[1-9])0+(?![\d])", r"\1", s)
-    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):
-        s = s.replace(",", "")
+    # a comma after digits with a space next ('12, 345') separated list items before the spaces went:
+    # thousands were read above, on the answer as written (plain_number), never here
     s = re.sub(r"(?:\\\\|\\|,|\.|;)+$", "", s)
     s = s.lstrip(":").strip()
     if s.startswith("+") and len(s) > 1 and "," not in s:

@@ -229,7 +229,8 @@ EXTRACT_CASES = [
     ("\\fbox{42}", "42"),
     ("The result is $\\boxed 5$.", "5"),
     ("Final Answer: The final answer is $28 \\%$. I hope it is correct.", "28 \\%"),
-    ("The final answer is $3$. I hope it is correct. \\boxed{4}", "3"),
+    # the last committed answer wins (Qwen2.5-Math ranks "final answer is $..$. I hope" above any box)
+    ("The final answer is $3$. I hope it is correct. \\boxed{4}", "4"),
     ("Therefore, the answer is 12. Some more text.", "12"),
     ("The answer is (B).", "B"),
     ("Answer: C", "C"),
@@ -385,3 +386,19 @@ EXTRA_EQUIV = [
 @pytest.mark.parametrize("pred,gold,expected", EXTRA_EQUIV)
 def test_is_equiv_more(pred: str, gold: str, expected: bool) -> None:
     assert is_equiv(pred, gold) is expected
+
+
+def test_answer_rules() -> None:
+    """'last' (the reward's default): the last committed answer; 'qwen' (the eval's default, upstream):
+    "final answer is $..$. I hope" over any box, the last box over a later answer phrase."""
+    from math_grader import ANSWER_RULES
+
+    corrected = "Final Answer: The final answer is $5$. I hope it is correct.\n\nWait, I misread: \\boxed{7}"
+    assert extract_answer(corrected) == "7"
+    assert extract_answer(corrected, "qwen") == "5"
+    assert extract_answer("\\boxed{7}. No wait, the answer is 8.", "qwen") == "7"
+    assert extract_answer("\\boxed{7}. No wait, the answer is 8.") == "8"
+    assert grade(corrected, "7") == 1.0 and grade(corrected, "7", rule="qwen") == 0.0
+    assert set(ANSWER_RULES) == {"last", "qwen"}
+    with pytest.raises(ValueError, match="answer rule 'minerva'"):
+        extract_answer("5", "minerva")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CASES_DIR = Path(__file__).parent
+# families written from other public graders' conventions and never tuned on (see heldout/README.md)
+HELDOUT_DIR = CASES_DIR / "heldout"
 SEPARATOR = " ⟺ "
 
 

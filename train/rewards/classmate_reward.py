@@ -37,7 +37,7 @@ from typing import Protocol
 
 import torch
 
-from math_grader import grade_batch
+from math_grader import grade_batch, start_workers
 from train.algorithms.classmate import MAIN_CONDITIONS, combine_classmate_reward
 from train.rewards.base import RewardResult
 
@@ -226,6 +226,7 @@ class ClassmateReward:
         self.weight, self.cond = classmate_reward_weight, use_classmate_main_cond
         self.max_new_tokens, self.seed = max_new_tokens, seed
         self.timeout_s, self.num_workers = timeout_s, num_workers
+        start_workers(num_workers)  # the grader's sympy workers start while rollouts are generated
 
     # ------------------------------------------------------------------------------------------
     def _grade(self, texts: list[str], golds: list[str]) -> list[float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from data_prep import multi_answer
-from math_grader import grade_batch
+from math_grader import ANSWER_RULES, grade_batch, start_workers
 from train.rewards.base import RewardResult
 
 # data_source -> check(response, ground_truth) -> bool, for tasks whose ground_truth is not one answer
@@ -24,10 +24,15 @@ class MathReward:
         num_workers: int | None = None,
         correct: float = 1.0,
         incorrect: float = 0.0,
+        answer_rule: str = "last",
     ) -> None:
+        if answer_rule not in ANSWER_RULES:
+            raise ValueError(f"reward.answer_rule={answer_rule!r}; valid: {', '.join(ANSWER_RULES)}")
+        self.answer_rule = answer_rule  # "last": the last committed answer (no reward for a retracted one)
         self.timeout_s = timeout_s
         self.num_workers = num_workers
         self.correct, self.incorrect = correct, incorrect
+        start_workers(num_workers)  # they import sympy while the first rollouts are generated
 
     def __call__(self, rows: list[dict], responses: list[str], group_index: list[int]) -> RewardResult:
         hits = [0.0] * len(rows)
@@ -41,7 +46,11 @@ class MathReward:
         if graded:
             golds = [str(rows[i].get("ground_truth", "")) for i in graded]
             results = grade_batch(
-                [responses[i] for i in graded], golds, timeout_s=self.timeout_s, num_workers=self.num_workers
+                [responses[i] for i in graded],
+                golds,
+                timeout_s=self.timeout_s,
+                num_workers=self.num_workers,
+                rule=self.answer_rule,
             )
             for i, h in zip(graded, results):
                 hits[i] = h

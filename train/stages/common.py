@@ -73,8 +73,10 @@ def shard(items: list, rank: int, world: int) -> list:
 def greedy_accuracy(loop, items: list[tuple[list[int], str]]) -> dict[str, float]:
     """Greedy answers to held-out prompts (this rank's `items`: prompt ids, gold), graded by the math
     grader: `val/accuracy`. The loop's rollout engine is built on first use."""
-    from math_grader import grade_batch
+    from math_grader import grade_batch, start_workers
     from train.loop import build_engine
+
+    start_workers()  # ready by the time the greedy answers are generated
 
     if loop.engine is None:
         loop.engine = build_engine(loop.cfg, loop.weights, loop.policy.precision)
