@@ -21,7 +21,9 @@ real tokens only.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -50,6 +52,14 @@ class MicroBatch:
         if self.attention_mask is None:
             return self.input_ids.numel()
         return int(self.attention_mask.sum())
+
+    def kept_index(self, kept: int) -> torch.Tensor:
+        """(b, R) index of the position predicting each response token in the flattened (units x `kept`)
+        kept positions: unit x kept + column (plain layout: row k's column t)."""
+        if self.gather_unit is None:
+            b, R = self.response_ids.shape
+            return torch.arange(b * R, device=self.response_ids.device).view(b, R)
+        return self.gather_unit * kept + self.gather_col
 
     def to(self, device: torch.device) -> MicroBatch:
         """The model inputs and the loss's tensors on `device`; `rows` stays on the CPU, where it indexes
@@ -118,11 +128,21 @@ def collate(
     )
 
 
+def plan_plain(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[Callable[[], MicroBatch]]:
+    """The plain layout's micro-batches, each still to be built (call it): see `plan_layout`."""
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    return [
+        partial(collate, prompt_ids, response_ids, g, pad_id)
+        for g in plan_micro_batches(lengths, token_budget)
+    ]
+
+
 def make_micro_batches(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[MicroBatch]:
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    return [collate(prompt_ids, response_ids, g, pad_id) for g in plan_micro_batches(lengths, token_budget)]
+    return [build() for build in plan_plain(prompt_ids, response_ids, token_budget, pad_id)]
 
 
 def prompt_units(
@@ -214,18 +234,24 @@ def collate_shared(
     )
 
 
+def plan_shared(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[Callable[[], MicroBatch]]:
+    """Shared-prompt micro-batches (still to be built); the plain layout when no two rows share a prompt."""
+    units = prompt_units(prompt_ids, response_ids, token_budget)
+    if len(units) == len(prompt_ids):
+        return plan_plain(prompt_ids, response_ids, token_budget, pad_id)
+    lengths = [_unit_length(prompt_ids, response_ids, u) for u in units]
+    return [
+        partial(collate_shared, prompt_ids, response_ids, [units[k] for k in group], pad_id)
+        for group in plan_micro_batches(lengths, token_budget)
+    ]
+
+
 def make_shared_micro_batches(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[MicroBatch]:
-    """Shared-prompt micro-batches; falls back to the plain layout when no two rows share a prompt."""
-    units = prompt_units(prompt_ids, response_ids, token_budget)
-    if len(units) == len(prompt_ids):
-        return make_micro_batches(prompt_ids, response_ids, token_budget, pad_id)
-    lengths = [_unit_length(prompt_ids, response_ids, u) for u in units]
-    return [
-        collate_shared(prompt_ids, response_ids, [units[k] for k in group], pad_id)
-        for group in plan_micro_batches(lengths, token_budget)
-    ]
+    return [build() for build in plan_shared(prompt_ids, response_ids, token_budget, pad_id)]
 
 
 def plan_packed(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -287,11 +313,35 @@ def collate_packed(
     )
 
 
+def plan_packed_layout(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[Callable[[], MicroBatch]]:
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    return [
+        partial(collate_packed, prompt_ids, response_ids, g, pad_id)
+        for g in plan_packed(lengths, token_budget)
+    ]
+
+
 def make_packed_micro_batches(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[MicroBatch]:
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    return [collate_packed(prompt_ids, response_ids, g, pad_id) for g in plan_packed(lengths, token_budget)]
+    return [build() for build in plan_packed_layout(prompt_ids, response_ids, token_budget, pad_id)]
+
+
+LAYOUTS = {"plain": plan_plain, "shared": plan_shared, "packed": plan_packed_layout}
+
+
+def plan_layout(
+    layout: str, prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[Callable[[], MicroBatch]]:
+    """One builder per micro-batch of `layout` (plain | shared | packed), in order.
+
+    Planning only groups row indices; the tensors (ids, masks, index maps) are made when a builder is
+    called, so a caller that builds, moves and runs one micro-batch at a time holds one micro-batch's
+    tensors, never the whole batch's.
+    """
+    return LAYOUTS[layout](prompt_ids, response_ids, token_budget, pad_id)
 
 
 def empty_micro_batch(pad_id: int) -> MicroBatch:

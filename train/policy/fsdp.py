@@ -32,15 +32,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
-from train.policy.batching import (
-    MicroBatch,
-    empty_micro_batch,
-    make_micro_batches,
-    make_packed_micro_batches,
-    make_shared_micro_batches,
-)
+from train.policy.batching import MicroBatch, empty_micro_batch, plan_layout
 from train.policy.distributed import all_reduce_max, device
+from train.policy.packed_logprobs import kept_entropy, kept_log_probs
 from train.policy.precision import PRECISIONS, resolve_precision
 
 ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")
@@ -143,35 +137,42 @@ class Policy:
             logits_to_keep=mb.keep,
             use_cache=False,
         )
-        logits = out.logits  # (b, R, V): bf16 under bf16 precision, never copied whole to fp32
-        if mb.gather_unit is not None:  # shared-prompt layout: (U, K, V) -> each response's (b, R, V)
-            logits = logits[mb.gather_unit, mb.gather_col]
-        log_probs = logprobs_from_logits(logits, mb.response_ids)
+        # (U, K, V) logits of the kept positions only (bf16 under bf16 precision): at most the micro-batch's
+        # token budget x V. Log-probs and entropy are computed there and padded per token to (b, R).
+        logits = out.logits
+        index = mb.kept_index(logits.shape[1])
+        log_probs = kept_log_probs(logits, index, mb.response_ids)
         entropy = None
         if with_entropy:
-            # Reported every step, but only differentiated when it is in the loss: no (b, R, V) graph.
-            if entropy_grad and torch.is_grad_enabled():
-                entropy = entropy_from_logits(logits)
-            else:
-                with torch.no_grad():
-                    entropy = entropy_from_logits_chunked(logits.detach())
+            # Reported every step, but only differentiated when it is in the loss.
+            entropy = kept_entropy(logits, index, with_grad=entropy_grad and torch.is_grad_enabled())
         return log_probs, entropy
 
-    def micro_batches(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[MicroBatch]:
-        """Token-budget micro-batches, padded with empty ones to the same count on every rank.
-
-        FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang the
-        others, so ranks with less data run masked-out one-token batches (zero loss, zero gradient).
-        """
+    @property
+    def layout(self) -> str:
+        """The micro-batch layout (batching.py): packed rows win over shared prompts."""
         if self.pack_sequences:
-            make = make_packed_micro_batches
-        else:
-            make = make_shared_micro_batches if self.share_prompts else make_micro_batches
-        mbs = make(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
-        target = all_reduce_max(len(mbs))
-        while len(mbs) < target:
-            mbs.append(empty_micro_batch(self.pad_id))
-        return [mb.to(self.device) for mb in mbs]
+            return "packed"
+        return "shared" if self.share_prompts else "plain"
+
+    def micro_batches(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]]
+    ) -> Iterator[MicroBatch]:
+        """Token-budget micro-batches, built and moved to the device one at a time, padded with empty ones
+        to the same count on every rank.
+
+        Only the plan (row indices) exists for the whole batch; each micro-batch's tensors are made when the
+        loop reaches it and dropped after its forward/backward, so the device holds one micro-batch's inputs
+        at a time. FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang
+        the others, so the count is agreed before the first one and ranks with less data run masked-out
+        one-token batches (zero loss, zero gradient).
+        """
+        builders = plan_layout(self.layout, prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
+        target = all_reduce_max(len(builders))
+        for build in builders:
+            yield build().to(self.device)
+        for _ in range(target - len(builders)):
+            yield empty_micro_batch(self.pad_id).to(self.device)
 
     @torch.no_grad()
     def compute_log_probs(
@@ -189,6 +190,7 @@ class Policy:
             log_probs[mb.rows, :R] = (lp * mb.response_mask).float().cpu()
             if entropy is not None:
                 entropy[mb.rows, :R] = (ent * mb.response_mask).float().cpu()
+            del mb, lp, ent  # nothing of this micro-batch outlives its turn
         return log_probs, entropy
 
     # ---- update --------------------------------------------------------------------------------
@@ -208,8 +210,9 @@ class Policy:
         assert self.optimizer is not None, "reference policy is frozen"
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        mbs = self.micro_batches(prompt_ids, response_ids)
-        for mb in mbs:
+        count = 0
+        for mb in self.micro_batches(prompt_ids, response_ids):
+            count += 1
             log_probs, entropy = self._forward(mb, with_entropy, entropy_grad)
             if mb.rows.numel() == 0:  # padding micro-batch: zero gradient, same collectives
                 (log_probs.sum() * 0.0).backward()
@@ -218,6 +221,7 @@ class Policy:
             loss.backward()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
+            del mb, loss, log_probs, entropy  # nothing of this micro-batch outlives its turn
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
@@ -226,7 +230,7 @@ class Policy:
             self.optimizer.step()
         self.scheduler.step()
         sums[f"{self.metric_prefix}/grad_norm"] = grad_norm
-        sums[f"{self.metric_prefix}/micro_batches"] = float(len(mbs))
+        sums[f"{self.metric_prefix}/micro_batches"] = float(count)
         return sums
 
     @property

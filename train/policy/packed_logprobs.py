@@ -1,0 +1,105 @@
+"""Per-token log-probs and entropy of the response tokens, computed on the positions the model kept.
+
+The LM head runs on a micro-batch's kept positions only: (U, K, V) logits, at most `micro_batch_tokens`
+x V whatever the layout (plain rows, shared-prompt units, one packed row). The loss wants (b, R) tensors
+(rows x longest response); copying the logits into that shape first would cost b x R x V, which grows
+with the longest row, not with the token budget (16 rows, one of them 8192 tokens long: 131k positions x
+the vocabulary, twice with the gradient). So, as verl does on its padding-free tokens, everything with a
+vocabulary axis stays on the kept positions, and only per-token results are padded to (b, R) through an
+index: `index[k, t]` is the flat kept position (unit x K + column) whose logits predict row k's token t.
+
+Several tokens may share a position (in the shared-prompt layout every response of a unit is predicted
+from the prompt's last position): the label logit is gathered per token and the normaliser (logsumexp)
+per position, so each position's vocabulary row is read once in the forward and written once in the
+backward. The fp32 maths runs a chunk of positions at a time (`chunk_rows`: about CHUNK_ELEMENTS logits,
+whatever the vocabulary), so no fp32 copy of bf16 logits exists whole and each fp32 temporary is at most
+CHUNK_ELEMENTS x 4 bytes; the backward allocates one gradient of the logits' own size and dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from train.algorithms.losses import entropy_from_logits
+
+CHUNK_ELEMENTS = 2**25  # fp32 temporaries of 128 MiB: 682 positions of a 49k vocabulary, 220 of 152k
+
+
+def chunk_rows(vocab: int) -> int:
+    """Positions per chunk so a chunk's fp32 temporaries hold about CHUNK_ELEMENTS values."""
+    return max(1, CHUNK_ELEMENTS // max(vocab, 1))
+
+
+class _KeptLogProb(torch.autograd.Function):
+    """log_softmax(logits[index])[label] per token, from (N, V) logits and (M,) token indices/labels."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, index: torch.Tensor, labels: torch.Tensor, chunk_size: int):
+        lse = torch.cat([torch.logsumexp(c.float(), dim=-1) for c in logits.split(chunk_size, dim=0)])
+        picked = logits[index, labels].float()
+        ctx.save_for_backward(logits, index, labels, lse)
+        ctx.chunk_size = chunk_size
+        return picked - lse[index]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, index, labels, lse = ctx.saved_tensors
+        g = grad_out.float()
+        g_position = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
+        g_position.index_add_(0, index, g)  # d loss / d lse of each position: its tokens' grads summed
+        grad = torch.empty_like(logits)
+        n = ctx.chunk_size
+        for start in range(0, logits.shape[0], n):
+            end = min(start + n, logits.shape[0])
+            chunk = -torch.exp(logits[start:end].float() - lse[start:end, None]) * g_position[start:end, None]
+            here = (index >= start) & (index < end)  # the tokens whose label logit lies in this chunk
+            chunk.index_put_((index[here] - start, labels[here]), g[here], accumulate=True)
+            grad[start:end] = chunk.to(grad.dtype)  # one rounding for bf16 logits
+        return grad, None, None, None
+
+
+def kept_log_probs(
+    logits: torch.Tensor, index: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
+    """(b, R) fp32 log p(labels) from the kept positions' logits.
+
+    logits: (U, K, V) (any float dtype; the maths is fp32); index: (b, R) long, flat positions into
+    U x K; labels: (b, R) long. Padded tokens need a valid index and label (their value is masked later).
+    """
+    if index.shape != labels.shape:
+        raise ValueError(f"index {tuple(index.shape)} and labels {tuple(labels.shape)} do not match")
+    flat = logits.reshape(-1, logits.shape[-1])
+    chunk = chunk_size or chunk_rows(flat.shape[-1])
+    out = _KeptLogProb.apply(flat, index.reshape(-1), labels.reshape(-1).long(), chunk)
+    return out.reshape(index.shape)
+
+
+def _entropy_no_grad(flat: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """`entropy_from_logits` per position, a chunk at a time, with two fp32 temporaries per chunk."""
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    for start in range(0, flat.shape[0], chunk_size):
+        c = flat[start : start + chunk_size]
+        z = c.float() - c.amax(dim=-1, keepdim=True).float()  # shift-invariant, as entropy_from_logits
+        p = torch.softmax(z, dim=-1)
+        lse = torch.logsumexp(z, dim=-1)
+        z.masked_fill_(torch.isneginf(z), 0.0)  # p = 0 there: avoid 0 * -inf
+        out[start : start + chunk_size] = lse - torch.linalg.vecdot(p, z)
+    return out
+
+
+def kept_entropy(
+    logits: torch.Tensor, index: torch.Tensor, with_grad: bool, chunk_size: int | None = None
+) -> torch.Tensor:
+    """(b, R) fp32 entropy of the kept positions' distributions, read per token through `index`.
+
+    Without grad, a chunk of positions is upcast at a time; with grad (entropy in the loss) the graph
+    is the kept positions' (U x K, V), never the (b, R, V) of the padded rows.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    if with_grad:
+        per_position = entropy_from_logits(flat)
+    else:
+        with torch.no_grad():
+            per_position = _entropy_no_grad(flat.detach(), chunk_size or chunk_rows(flat.shape[-1]))
+    return per_position[index]
