@@ -27,6 +27,8 @@ from functools import partial
 
 import torch
 
+from train.policy.attention import shared_prompt_dense_mask
+
 
 @dataclass
 class MicroBatch:
@@ -43,6 +45,7 @@ class MicroBatch:
     gather_unit: torch.Tensor | None = None  # (b, R)
     gather_col: torch.Tensor | None = None  # (b, R)
     input_valid: torch.Tensor | None = None  # (U, T) real tokens
+    segments: torch.Tensor | None = None  # (U, T) 0 prompt, j+1 response j, -1 padding (attention.py)
 
     @property
     def num_tokens(self) -> int:
@@ -173,12 +176,17 @@ def _unit_length(prompt_ids, response_ids, unit: list[int]) -> int:
 
 
 def collate_shared(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], units: list[list[int]], pad_id: int
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    units: list[list[int]],
+    pad_id: int,
+    dense_mask: bool = True,
 ) -> MicroBatch:
     """One shared-prompt micro-batch: each unit (rows with one prompt) is one sequence, the prompt
     left-padded to P, then its responses back to back (no padding between them), then right padding.
     The LM head runs on columns P-1 .. T-2 (as in the plain layout); response j's first token is
-    predicted at P-1, its token t at its own start + t - 1."""
+    predicted at P-1, its token t at its own start + t - 1. `dense_mask=False` leaves `attention_mask`
+    to be built on the device from `segments` (a FlexAttention block mask: attention.py)."""
     P = max(len(prompt_ids[u[0]]) for u in units)
     T = P + max(_unit_length(prompt_ids, response_ids, u) - len(prompt_ids[u[0]]) for u in units)
     R = max(max(len(response_ids[i]) for u in units for i in u), 1)
@@ -214,15 +222,10 @@ def collate_shared(
             gather_unit[k] = u
             start += max(n, 1)
             k += 1
-    valid = segment >= 0
-    q, kv = segment.unsqueeze(2), segment.unsqueeze(1)  # (U, T, 1), (U, 1, T)
-    causal = torch.ones((T, T), dtype=torch.bool).tril()
-    mask = causal & valid.unsqueeze(1) & valid.unsqueeze(2) & ((kv == 0) | (kv == q))
-    mask |= torch.eye(T, dtype=torch.bool)  # padding queries see themselves: no all-masked row (NaN)
     return MicroBatch(
         rows=torch.tensor(rows, dtype=torch.long),
         input_ids=input_ids,
-        attention_mask=mask.unsqueeze(1),
+        attention_mask=shared_prompt_dense_mask(segment) if dense_mask else None,
         position_ids=position_ids,
         response_ids=response,
         response_mask=response_mask,
@@ -230,12 +233,17 @@ def collate_shared(
         keep=torch.arange(P - 1, T - 1),
         gather_unit=gather_unit,
         gather_col=gather_col,
-        input_valid=valid,
+        input_valid=segment >= 0,
+        segments=segment,
     )
 
 
 def plan_shared(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    token_budget: int,
+    pad_id: int,
+    dense_mask: bool = True,
 ) -> list[Callable[[], MicroBatch]]:
     """Shared-prompt micro-batches (still to be built); the plain layout when no two rows share a prompt."""
     units = prompt_units(prompt_ids, response_ids, token_budget)
@@ -243,7 +251,7 @@ def plan_shared(
         return plan_plain(prompt_ids, response_ids, token_budget, pad_id)
     lengths = [_unit_length(prompt_ids, response_ids, u) for u in units]
     return [
-        partial(collate_shared, prompt_ids, response_ids, [units[k] for k in group], pad_id)
+        partial(collate_shared, prompt_ids, response_ids, [units[k] for k in group], pad_id, dense_mask)
         for group in plan_micro_batches(lengths, token_budget)
     ]
 
@@ -333,14 +341,22 @@ LAYOUTS = {"plain": plan_plain, "shared": plan_shared, "packed": plan_packed_lay
 
 
 def plan_layout(
-    layout: str, prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+    layout: str,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    token_budget: int,
+    pad_id: int,
+    dense_mask: bool = True,
 ) -> list[Callable[[], MicroBatch]]:
     """One builder per micro-batch of `layout` (plain | shared | packed), in order.
 
     Planning only groups row indices; the tensors (ids, masks, index maps) are made when a builder is
     called, so a caller that builds, moves and runs one micro-batch at a time holds one micro-batch's
-    tensors, never the whole batch's.
+    tensors, never the whole batch's. `dense_mask=False`: the shared-prompt layout leaves its mask to the
+    device (a FlexAttention block mask built from `segments`, attention.py), no (U, 1, T, T) tensor.
     """
+    if layout == "shared":
+        return plan_shared(prompt_ids, response_ids, token_budget, pad_id, dense_mask)
     return LAYOUTS[layout](prompt_ids, response_ids, token_budget, pad_id)
 
 

@@ -32,12 +32,11 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
+from train.policy.attention import ATTENTION, pick_attention, shared_prompt_block_mask
 from train.policy.batching import MicroBatch, empty_micro_batch, plan_layout
 from train.policy.distributed import all_reduce_max, device
 from train.policy.packed_logprobs import kept_entropy, kept_log_probs
 from train.policy.precision import PRECISIONS, resolve_precision
-
-ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")
 
 # loss_fn(micro_batch, log_probs (b, R), entropy (b, R) | None) -> (loss scalar, metrics)
 LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
@@ -82,7 +81,7 @@ class Policy:
         self.pad_id = pad_id
         self.share_prompts = share_prompts  # rows with one prompt: the prompt runs once (batching.py)
         self.pack_sequences = pack_sequences  # padding-free rows (wins over share_prompts), batching.py
-        self.attn_implementation = pick_attention(attn_implementation, self.device, pack_sequences)
+        self.attn_implementation = pick_attention(attn_implementation, self.device, trainable)
         if self.attn_implementation == "flash_attention_2" and share_prompts and not pack_sequences:
             raise ValueError(
                 "policy.attn_implementation=flash_attention_2 cannot run the shared-prompt layout's 4-D mask:"
@@ -167,10 +166,16 @@ class Policy:
         the others, so the count is agreed before the first one and ranks with less data run masked-out
         one-token batches (zero loss, zero gradient).
         """
-        builders = plan_layout(self.layout, prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
+        flex = self.attn_implementation == "flex_attention"
+        builders = plan_layout(
+            self.layout, prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id, dense_mask=not flex
+        )
         target = all_reduce_max(len(builders))
         for build in builders:
-            yield build().to(self.device)
+            mb = build().to(self.device)
+            if flex and mb.segments is not None:  # shared-prompt units: the block mask, on the device
+                mb.attention_mask = shared_prompt_block_mask(mb.segments)
+            yield mb
         for _ in range(target - len(builders)):
             yield empty_micro_batch(self.pad_id).to(self.device)
 
@@ -273,20 +278,6 @@ class Policy:
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
         )
         self.scheduler.load_state_dict(scheduler_state)
-
-
-def pick_attention(requested: str, where: torch.device, packed: bool) -> str:
-    """The HF attention implementation. `auto`: FlashAttention-2 for packed rows on a GPU when the
-    flash-attn package is installed (variable-length kernels, no mask), else PyTorch SDPA, which also
-    runs packed rows (transformers builds the block-diagonal mask from the restarting position ids)."""
-    if requested != "auto":
-        return requested
-    if packed and where.type == "cuda":
-        import importlib.util
-
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-    return "sdpa"
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
