@@ -154,3 +154,26 @@ def test_long_tailed_batch_peak_is_bounded_by_kept_positions_not_the_longest_row
     # the same tokens with one long row: no growth (old code: 2.0x and 4.8x in the shared layout)
     assert peaks["long"][0] <= 1.1 * peaks["even"][0], peaks
     assert peaks["long"][1] <= 1.1 * peaks["even"][1], peaks
+
+
+# ---- micro-batches exist one at a time ------------------------------------------------------------
+def _tensor_bytes(mb) -> int:
+    return sum(v.untyped_storage().nbytes() for v in vars(mb).values() if isinstance(v, torch.Tensor))
+
+
+def test_micro_batches_are_built_and_moved_one_at_a_time(tiny_model, dist_group):
+    from train.policy.batching import plan_layout
+    from train.policy.fsdp import Policy
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(10, 4000, (24,), generator=g).tolist() for _ in range(12)]
+    rows = [p for p in prompts for _ in range(4)]
+    responses = [torch.randint(10, 4000, (40,), generator=g).tolist() for _ in rows]
+    policy = Policy(tiny_model, trainable=False, micro_batch_tokens=400, pad_id=0)  # shared prompts
+    builders = plan_layout("shared", rows, responses, 400, 0)
+    sizes = [_tensor_bytes(build()) for build in builders]
+    building = max(peak_tensor_bytes(build)[1] for build in builders)  # one micro-batch and its temporaries
+    assert len(sizes) >= 6 and sum(sizes) > 4 * max(sizes)  # the whole batch's inputs would show
+    _, peak = peak_tensor_bytes(lambda: [mb.rows.numel() for mb in policy.micro_batches(rows, responses)])
+    # the one the caller holds and the next being built, never the whole batch (old code: all of them)
+    assert peak <= building + max(sizes) + 4096, (peak, building, max(sizes), sum(sizes))

@@ -13,9 +13,14 @@ x 64 tokens: 40% fewer tokens through the model).
 
 Packed layout (`pack_sequences=True`, padding-free, for GPUs): the micro-batch is ONE row, each sample's
 prompt and response back to back, position ids restarting at 0 for each sample and no attention mask:
-transformers finds the sample boundaries from the position ids (a block-diagonal causal mask under SDPA,
-variable-length kernels under FlashAttention-2), so no padded token is computed and the budget counts
+transformers finds the sample boundaries from the position ids (a block-sparse FlexAttention mask on GPUs,
+a block-diagonal causal mask under SDPA on CPUs), so no padded token is computed and the budget counts
 real tokens only.
+
+Every layout names, for each response token, the kept position whose logits predict it (`kept_index`):
+log-probs and entropy are computed there and only the per-token results are padded to (rows x longest
+response) (packed_logprobs.py). Planning (`plan_layout`) groups row indices only; a micro-batch's tensors
+are built when it is reached.
 """
 
 from __future__ import annotations

@@ -172,12 +172,15 @@ class Policy:
         )
         target = all_reduce_max(len(builders))
         for build in builders:
-            mb = build().to(self.device)
-            if flex and mb.segments is not None:  # shared-prompt units: the block mask, on the device
-                mb.attention_mask = shared_prompt_block_mask(mb.segments)
-            yield mb
+            yield self._on_device(build(), flex)  # no reference kept here while the caller runs it
         for _ in range(target - len(builders)):
             yield empty_micro_batch(self.pad_id).to(self.device)
+
+    def _on_device(self, mb: MicroBatch, flex: bool) -> MicroBatch:
+        mb = mb.to(self.device)
+        if flex and mb.segments is not None:  # shared-prompt units: the block mask, on the device
+            mb.attention_mask = shared_prompt_block_mask(mb.segments)
+        return mb
 
     @torch.no_grad()
     def compute_log_probs(
