@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.algorithms.losses import entropy_from_logits_chunked, logprobs_from_logits
+from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from train.policy.batching import collate, collate_packed, collate_shared
 from train.policy.memory import LiveTensorBytes, peak_tensor_bytes
 from train.policy.packed_logprobs import CHUNK_ELEMENTS, kept_entropy, kept_log_probs, vocab_peak_bytes
@@ -95,9 +95,15 @@ def test_kept_log_probs_and_entropy_equal_the_padded_formulation(dtype):
 
         old_h = entropy_from_logits_chunked(logits[unit, col])
         assert torch.equal(kept_entropy(logits, mb.kept_index(K), with_grad=False, chunk_size=3), old_h), name
-        with_grad = logits.float().clone().requires_grad_(True)
-        kept_entropy(with_grad, mb.kept_index(K), with_grad=True).sum().backward()
-        assert torch.isfinite(with_grad.grad).all()
+        old_e = logits.clone().requires_grad_(True)
+        (entropy_from_logits(old_e[unit, col]) * weights).sum().backward()  # today's entropy in the loss
+        new_e = logits.clone().requires_grad_(True)
+        new_h = kept_entropy(new_e, mb.kept_index(K), with_grad=True, chunk_size=3)
+        (new_h * weights).sum().backward()
+        assert torch.equal(new_h, old_h), name
+        assert torch.isfinite(new_e.grad).all() and new_e.grad[0, 0, 7] == 0  # p = 0 at a -inf logit
+        tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-3}
+        torch.testing.assert_close(new_e.grad.float(), old_e.grad.float(), **tol)
 
 
 def test_vocab_peak_formula_counts_logits_gradient_and_chunks():

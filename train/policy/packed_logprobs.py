@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from train.algorithms.losses import entropy_from_logits
-
 CHUNK_ELEMENTS = 2**25  # fp32 temporaries of 128 MiB: 682 positions of a 49k vocabulary, 220 of 152k
 
 
@@ -75,17 +73,48 @@ def kept_log_probs(
     return out.reshape(index.shape)
 
 
-def _entropy_no_grad(flat: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """`entropy_from_logits` per position, a chunk at a time, with two fp32 temporaries per chunk."""
-    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+def _entropy_chunks(flat: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(entropy, logsumexp) per position, as `entropy_from_logits`, a chunk at a time."""
+    entropy = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
     for start in range(0, flat.shape[0], chunk_size):
         c = flat[start : start + chunk_size]
-        z = c.float() - c.amax(dim=-1, keepdim=True).float()  # shift-invariant, as entropy_from_logits
+        shift = c.amax(dim=-1, keepdim=True).float()
+        z = c.float() - shift  # shift-invariant, as entropy_from_logits
         p = torch.softmax(z, dim=-1)
-        lse = torch.logsumexp(z, dim=-1)
+        lse_z = torch.logsumexp(z, dim=-1)
         z.masked_fill_(torch.isneginf(z), 0.0)  # p = 0 there: avoid 0 * -inf
-        out[start : start + chunk_size] = lse - torch.linalg.vecdot(p, z)
-    return out
+        entropy[start : start + chunk_size] = lse_z - torch.linalg.vecdot(p, z)
+        lse[start : start + chunk_size] = lse_z + shift.squeeze(-1)
+    return entropy, lse
+
+
+class _ChunkedEntropy(torch.autograd.Function):
+    """Entropy per position from (N, V) logits, fp32 a chunk at a time in the forward and the backward.
+
+    dH/dz_i = -p_i (z_i - sum_j p_j z_j) = -p_i (z_i - lse + H): the backward recomputes p per chunk from
+    the saved logits and the fp32 (lse, H), so no (N, V) fp32 tensor is kept for it."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        entropy, lse = _entropy_chunks(logits, chunk_size)
+        ctx.save_for_backward(logits, lse, entropy)
+        ctx.chunk_size = chunk_size
+        return entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, lse, entropy = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        n = ctx.chunk_size
+        for start in range(0, logits.shape[0], n):
+            sl = slice(start, start + n)
+            z = logits[sl].float()
+            p = torch.exp(z - lse[sl, None])
+            z.sub_((lse[sl] - entropy[sl])[:, None]).masked_fill_(p == 0, 0.0)  # z - sum p z; 0 where p = 0
+            grad[sl] = (p.mul_(z).mul_(-grad_out[sl, None].float())).to(grad.dtype)
+        return grad, None
 
 
 def kept_entropy(
@@ -93,15 +122,16 @@ def kept_entropy(
 ) -> torch.Tensor:
     """(b, R) fp32 entropy of the kept positions' distributions, read per token through `index`.
 
-    Without grad, a chunk of positions is upcast at a time; with grad (entropy in the loss) the graph
-    is the kept positions' (U x K, V), never the (b, R, V) of the padded rows.
+    A chunk of positions is upcast at a time, with grad (entropy in the loss: the backward recomputes
+    the softmax per chunk) or without (the entropy metric); never a (b, R, V) copy of the padded rows.
     """
     flat = logits.reshape(-1, logits.shape[-1])
+    chunk = chunk_size or chunk_rows(flat.shape[-1])
     if with_grad:
-        per_position = entropy_from_logits(flat)
+        per_position = _ChunkedEntropy.apply(flat, chunk)
     else:
         with torch.no_grad():
-            per_position = _entropy_no_grad(flat.detach(), chunk_size or chunk_rows(flat.shape[-1]))
+            per_position = _entropy_chunks(flat.detach(), chunk)[0]
     return per_position[index]
 
 
