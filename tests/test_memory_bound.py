@@ -111,6 +111,9 @@ def test_vocab_peak_formula_counts_logits_gradient_and_chunks():
     rows = CHUNK_ELEMENTS // V
     assert vocab_peak_bytes(1000, V, 2, backward=False) == 1000 * V * 2 + 4 * rows * V * 4
     assert vocab_peak_bytes(1000, V, 2, backward=True) == 2 * 1000 * V * 2 + 4 * rows * V * 4
+    assert (
+        vocab_peak_bytes(1000, V, 2, backward=True, entropy_grad=True) == 3 * 1000 * V * 2 + 4 * rows * V * 4
+    )
 
 
 # ---- the policy on a long-tailed batch: peak bounded by kept positions x vocabulary --------------
@@ -160,6 +163,14 @@ def test_long_tailed_batch_peak_is_bounded_by_kept_positions_not_the_longest_row
     # the same tokens with one long row: no growth (old code: 2.0x and 4.8x in the shared layout)
     assert peaks["long"][0] <= 1.1 * peaks["even"][0], peaks
     assert peaks["long"][1] <= 1.1 * peaks["even"][1], peaks
+
+    def entropy_loss(mb, log_probs, entropy):  # entropy in the loss: its gradient through the logits too
+        return -((log_probs + 0.01 * entropy) * mb.response_mask).sum() / 1000, {}
+
+    prompts, responses = _batch(LONG)
+    _, peak = peak_tensor_bytes(policy.train_step, prompts, responses, entropy_loss, entropy_grad=True)
+    bound = vocab_peak_bytes(kept, V, 4, backward=True, entropy_grad=True) + 2 * state + activations
+    assert peak <= bound, f"train_step with entropy_grad peak {peak / MB:.0f} MiB > {bound / MB:.0f} MiB"
 
 
 # ---- micro-batches exist one at a time ------------------------------------------------------------

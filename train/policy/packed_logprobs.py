@@ -135,15 +135,19 @@ def kept_entropy(
     return per_position[index]
 
 
-def vocab_peak_bytes(kept_positions: int, vocab: int, logit_bytes: int, backward: bool) -> int:
+def vocab_peak_bytes(
+    kept_positions: int, vocab: int, logit_bytes: int, backward: bool, entropy_grad: bool = False
+) -> int:
     """The peak bytes of one micro-batch's vocabulary-sized tensors under this module.
 
     The logits of the kept positions (`logit_bytes` each: 2 under bf16, 4 under fp32), their gradient of
-    the same size and dtype in a backward, and at most four fp32 chunk temporaries (the forward's upcast
-    and logsumexp, the entropy metric's shifted logits, softmax and logsumexp, the backward's softmax
-    and its product). `kept_positions` is at most the micro-batch's token budget, or one sequence longer
-    than the budget; it never depends on how the rows' lengths are spread. For the planner and the tests.
+    the same size and dtype in a backward (one more with the entropy in the loss: its gradient and the
+    log-probs' meet in autograd's sum), and at most four fp32 chunk temporaries (the forward's upcast and
+    logsumexp, the entropy's shifted logits, softmax and logsumexp, the backward's softmax and product).
+    `kept_positions` is at most the micro-batch's token budget, or one sequence longer than the budget; it
+    never depends on how the rows' lengths are spread. For the planner and the tests.
     """
     logits = kept_positions * vocab * logit_bytes
     chunk = chunk_rows(vocab) * vocab * 4
-    return logits * (2 if backward else 1) + 4 * chunk
+    copies = 1 + (1 + entropy_grad if backward else 0)
+    return copies * logits + 4 * chunk
