@@ -18,6 +18,8 @@ one (the reference, log-prob passes) may run it, which is how the tests check it
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 ATTENTION = ("auto", "sdpa", "flex_attention", "flash_attention_2", "eager")
@@ -53,10 +55,8 @@ def shared_prompt_dense_mask(segments: torch.Tensor) -> torch.Tensor:
 def shared_prompt_block_mask(segments: torch.Tensor, compile_mask: bool = True):
     """The same pattern as `shared_prompt_dense_mask` as a FlexAttention `BlockMask` on `segments`'
     device: (U, 1, T/128, T/128) block indices instead of (U, 1, T, T) booleans. `compile_mask` builds it
-    block by block with a compiled kernel (what transformers does); without it torch evaluates the
+    block by block with a compiled kernel (as transformers and torchtitan do); without it torch evaluates the
     mask densely first (fine for small tests)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     U, T = segments.shape
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -64,4 +64,16 @@ def shared_prompt_block_mask(segments: torch.Tensor, compile_mask: bool = True):
         sees = (kv_idx <= q_idx) & (q_seg >= 0) & (kv_seg >= 0) & ((kv_seg == 0) | (kv_seg == q_seg))
         return sees | (q_idx == kv_idx)
 
-    return create_block_mask(mask_mod, U, None, T, T, device=segments.device, _compile=compile_mask)
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    build = _compiled_create_block_mask() if compile_mask else create_block_mask
+    return build(mask_mod, U, None, T, T, device=segments.device)
+
+
+@functools.cache
+def _compiled_create_block_mask():
+    """`torch.compile(create_block_mask)` once per process: torch's advice in place of `_compile=True`,
+    and torchtitan's FlexAttention (`compiled_create_block_mask`)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
