@@ -99,7 +99,10 @@ def test_kept_log_probs_and_entropy_equal_the_padded_formulation(dtype):
         (entropy_from_logits(old_e[unit, col]) * weights).sum().backward()  # today's entropy in the loss
         new_e = logits.clone().requires_grad_(True)
         new_h = kept_entropy(new_e, mb.kept_index(K), with_grad=True, chunk_size=3)
-        (new_h * weights).sum().backward()
+        new_lp = kept_log_probs(new_e, mb.kept_index(K), mb.response_ids, chunk_size=3)  # both in one loss
+        (new_h * weights).sum().backward(retain_graph=True)
+        assert torch.equal(new_e, logits), "the backward changed the saved logits"
+        (new_lp * 0).sum().backward()  # the log-probs' backward still finds its saved logits intact
         assert torch.equal(new_h, old_h), name
         assert torch.isfinite(new_e.grad).all() and new_e.grad[0, 0, 7] == 0  # p = 0 at a -inf logit
         tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-3}

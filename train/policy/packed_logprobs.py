@@ -110,10 +110,10 @@ class _ChunkedEntropy(torch.autograd.Function):
         n = ctx.chunk_size
         for start in range(0, logits.shape[0], n):
             sl = slice(start, start + n)
-            z = logits[sl].float()
+            z = logits[sl].float()  # fp32 logits: a view of the saved tensor, so nothing in place on it
             p = torch.exp(z - lse[sl, None])
-            z.sub_((lse[sl] - entropy[sl])[:, None]).masked_fill_(p == 0, 0.0)  # z - sum p z; 0 where p = 0
-            grad[sl] = (p.mul_(z).mul_(-grad_out[sl, None].float())).to(grad.dtype)
+            centred = (z - (lse[sl] - entropy[sl])[:, None]).masked_fill_(p == 0, 0.0)  # z - sum p z
+            grad[sl] = p.mul_(centred).mul_(-grad_out[sl, None].float()).to(grad.dtype)
         return grad, None
 
 
