@@ -49,7 +49,7 @@ def sample_replies(model: str, prompts: list[list[dict]], temperature: float, ma
     from train.rollout.vllm_engine import VLLMEngine
 
     ids = encode_prompts(AutoTokenizer.from_pretrained(model), [{"prompt": p} for p in prompts])
-    engine = VLLMEngine(model, dtype="float32", seed=seed, max_model_len=1024)
+    engine = VLLMEngine(model, dtype="float32", seed=seed, max_model_len=1024, sleep_level=0)
     sampling = SamplingConfig(n=1, temperature=temperature, max_new_tokens=max_tokens, seed=seed)
     return engine.generate(ids, sampling).texts
 

@@ -40,7 +40,7 @@ def padded(rows: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
 def measure(model: str, precision: str, prompts: int, n: int, max_new_tokens: int, seed: int) -> dict:
     init_distributed()  # the trainer's order: process group, policy, then the colocated engine
     policy = Policy(model, precision=precision, trainable=False)
-    engine = VLLMEngine(model, dtype=ENGINE_DTYPE[precision], max_model_len=1024, seed=seed)
+    engine = VLLMEngine(model, dtype=ENGINE_DTYPE[precision], max_model_len=1024, seed=seed, sleep_level=0)
     rows = load_prompt_rows("builtin:arithmetic", prompts, seed)[:prompts]
     tok = engine.tokenizer
     texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]

@@ -86,8 +86,9 @@ def test_shared_prompt_layout_gives_the_plain_layouts_log_probs_and_gradients(ti
     responses = [torch.randint(10, 4000, (int(k),), generator=g).tolist() for k in [1, 8, 0, 5] * 3]
     plain = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=False, micro_batch_tokens=40, pad_id=0)
     shared = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=True, micro_batch_tokens=40, pad_id=0)
-    assert all(mb.keep is not None for mb in shared.micro_batches(rows, responses))
-    assert len(shared.micro_batches(rows, responses)) > 1  # groups split over micro-batches too
+    mbs = list(shared.micro_batches(rows, responses))
+    assert all(mb.keep is not None for mb in mbs)
+    assert len(mbs) > 1  # groups split over micro-batches too
     lp_plain, ent_plain = plain.compute_log_probs(rows, responses, with_entropy=True)
     lp_shared, ent_shared = shared.compute_log_probs(rows, responses, with_entropy=True)
     torch.testing.assert_close(lp_shared, lp_plain, rtol=0, atol=1e-5)
@@ -128,7 +129,7 @@ def test_packed_layout_gives_the_plain_layouts_log_probs_and_gradients(tiny_mode
     plain = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=False, micro_batch_tokens=40, pad_id=0)
     packed = Policy(tiny_model, lr=1e-2, grad_clip=1e9, pack_sequences=True, micro_batch_tokens=40, pad_id=0)
     assert packed.attn_implementation == "sdpa"  # on CPU: SDPA with the mask built from position ids
-    mbs = packed.micro_batches(rows, responses)
+    mbs = list(packed.micro_batches(rows, responses))
     assert len(mbs) > 1 and all(mb.input_ids.shape[0] == 1 and mb.num_tokens <= 40 for mb in mbs)
     lp_plain, _ = plain.compute_log_probs(rows, responses)
     lp_packed, _ = packed.compute_log_probs(rows, responses)

@@ -9,11 +9,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from train.config import build_config
+from train.rollout import vllm_engine as vllm_engine_module
 from train.rollout.vllm_engine import (
+    VLLMEngine,
     _share_in_group,
     bucketed,
+    claim_sleep_mode,
     engine_device_kwargs,
     engine_kwargs,
+    release_sleep_mode,
     tp_groups,
 )
 
@@ -91,6 +95,67 @@ def test_bucketing_streams_without_holding_the_whole_model():
     assert seen == [f"p{i}" for i in range(10)]
     big = list(bucketed([("a", torch.zeros(1000)), ("b", torch.zeros(10))], max_bytes=100))
     assert [[n for n, _ in b] for b in big] == [["a"], ["b"]]  # a tensor over the bucket size goes alone
+
+
+class _RecordingLLM:
+    """Stands in for vllm.LLM's sleep-mode calls, which exist on CUDA only: records their order."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up:{','.join(tags or ['all'])}")
+
+    def collective_rpc(self, fn, args=(), kwargs=None):
+        self.calls.append("load_weights")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    def sleep(self, level):
+        self.calls.append(f"sleep:{level}")
+
+
+def _gpu_engine_asleep(calls: list, level: int) -> VLLMEngine:
+    """A VLLMEngine as it stands on a GPU after `sleep()` (the CUDA-only vLLM calls recorded)."""
+    engine = object.__new__(VLLMEngine)
+    engine.device_type, engine.sleep_level, engine.asleep = "cuda", level, True
+    engine.weight_dtype, engine.bucket_bytes, engine.tp_group = torch.bfloat16, 2**20, None
+    engine.llm = _RecordingLLM(calls)
+    return engine
+
+
+def test_the_cache_is_emptied_before_every_wake_up(monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(vllm_engine_module, "empty_device_cache", lambda: calls.append("empty_cache"))
+    engine = _gpu_engine_asleep(calls, level=2)
+    engine.update_weights([("w", torch.zeros(4))])
+    assert calls == [
+        "empty_cache", "wake_up:weights", "load_weights", "empty_cache", "wake_up:kv_cache", "reset_prefix_cache",
+    ]  # fmt: skip
+    calls.clear()
+    engine = _gpu_engine_asleep(calls, level=1)  # level 1 wakes without an update (e.g. validation)
+    engine._wake()
+    assert calls == ["empty_cache", "wake_up:all"] and engine.asleep is False
+
+
+def test_one_sleep_mode_engine_per_process():
+    class Engine:  # anything weak-referenceable stands for an engine here
+        pass
+
+    policy, classmate, evals = Engine(), Engine(), Engine()
+    claim_sleep_mode(policy, "cuda", 2)
+    claim_sleep_mode(policy, "cuda", 2)  # the same engine again is fine
+    claim_sleep_mode(classmate, "cuda", 0)  # no sleep mode: it holds its own budget
+    claim_sleep_mode(evals, "cpu", 2)  # CPU engines never sleep
+    with pytest.raises(ValueError, match="second vLLM engine with sleep_level=1 .* sleep_level=0"):
+        claim_sleep_mode(classmate, "cuda", 1)
+    release_sleep_mode(policy)
+    claim_sleep_mode(classmate, "cuda", 1)  # once the first is closed
+    release_sleep_mode(classmate)
+    del policy
+    claim_sleep_mode(evals, "cuda", 2)  # a collected engine holds nothing
+    release_sleep_mode(evals)
 
 
 def _share_worker(rank: int, world: int, init: str, out) -> None:

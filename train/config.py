@@ -126,9 +126,7 @@ class PolicyConfig:
     pack_sequences: bool = (
         False  # padding-free micro-batches (one packed row; for GPUs, wins over share_prompts)
     )
-    attn_implementation: str = (
-        "auto"  # auto | sdpa | flash_attention_2 | eager (auto: flash for packed rows on GPU when installed)
-    )
+    attn_implementation: str = "auto"  # auto | sdpa | flex_attention | flash_attention_2 | eager (auto: flex_attention on GPU, sdpa on CPU)
     cpu_offload: bool = False  # GPU: keep parameter shards, gradients and optimizer step on the CPU
 
 

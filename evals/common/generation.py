@@ -87,10 +87,14 @@ class VLLMGenerator:
         dtype: str = "float32",
         kv_cache_gb: float = 1.0,
         engine=None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         self.max_model_len = max_model_len
         self.dtype = dtype
         self.kv_cache_gb = kv_cache_gb
+        # the eval engine never sleeps (vLLM's sleep mode is one engine per process, the trainer's): it holds
+        # this share of the GPU while it lives; 0.9 assumes the eval runs in its own process on its own GPU
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.engine = engine  # a shared engine (tests) is adopted: its weights are replaced on load
         self._arch: dict | None = None
         self.model_dir: Path | None = None
@@ -128,6 +132,8 @@ class VLLMGenerator:
                     dtype=self.dtype,
                     max_model_len=self.max_model_len,
                     kv_cache_gb=self.kv_cache_gb,
+                    gpu_memory_utilization=self.gpu_memory_utilization,
+                    sleep_level=0,
                 )
             except Exception as exc:
                 raise GenerationError(f"checkpoint {model_dir} cannot be loaded: {_one_line(exc)}") from None

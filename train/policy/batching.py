@@ -13,17 +13,26 @@ x 64 tokens: 40% fewer tokens through the model).
 
 Packed layout (`pack_sequences=True`, padding-free, for GPUs): the micro-batch is ONE row, each sample's
 prompt and response back to back, position ids restarting at 0 for each sample and no attention mask:
-transformers finds the sample boundaries from the position ids (a block-diagonal causal mask under SDPA,
-variable-length kernels under FlashAttention-2), so no padded token is computed and the budget counts
+transformers finds the sample boundaries from the position ids (a block-sparse FlexAttention mask on GPUs,
+a block-diagonal causal mask under SDPA on CPUs), so no padded token is computed and the budget counts
 real tokens only.
+
+Every layout names, for each response token, the kept position whose logits predict it (`kept_index`):
+log-probs and entropy are computed there and only the per-token results are padded to (rows x longest
+response) (packed_logprobs.py). Planning (`plan_layout`) groups row indices only; a micro-batch's tensors
+are built when it is reached.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+
+from train.policy.attention import shared_prompt_dense_mask
 
 
 @dataclass
@@ -41,6 +50,7 @@ class MicroBatch:
     gather_unit: torch.Tensor | None = None  # (b, R)
     gather_col: torch.Tensor | None = None  # (b, R)
     input_valid: torch.Tensor | None = None  # (U, T) real tokens
+    segments: torch.Tensor | None = None  # (U, T) 0 prompt, j+1 response j, -1 padding (attention.py)
 
     @property
     def num_tokens(self) -> int:
@@ -50,6 +60,14 @@ class MicroBatch:
         if self.attention_mask is None:
             return self.input_ids.numel()
         return int(self.attention_mask.sum())
+
+    def kept_index(self, kept: int) -> torch.Tensor:
+        """(b, R) index of the position predicting each response token in the flattened (units x `kept`)
+        kept positions: unit x kept + column (plain layout: row k's column t)."""
+        if self.gather_unit is None:
+            b, R = self.response_ids.shape
+            return torch.arange(b * R, device=self.response_ids.device).view(b, R)
+        return self.gather_unit * kept + self.gather_col
 
     def to(self, device: torch.device) -> MicroBatch:
         """The model inputs and the loss's tensors on `device`; `rows` stays on the CPU, where it indexes
@@ -118,11 +136,21 @@ def collate(
     )
 
 
+def plan_plain(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[Callable[[], MicroBatch]]:
+    """The plain layout's micro-batches, each still to be built (call it): see `plan_layout`."""
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    return [
+        partial(collate, prompt_ids, response_ids, g, pad_id)
+        for g in plan_micro_batches(lengths, token_budget)
+    ]
+
+
 def make_micro_batches(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[MicroBatch]:
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    return [collate(prompt_ids, response_ids, g, pad_id) for g in plan_micro_batches(lengths, token_budget)]
+    return [build() for build in plan_plain(prompt_ids, response_ids, token_budget, pad_id)]
 
 
 def prompt_units(
@@ -153,12 +181,17 @@ def _unit_length(prompt_ids, response_ids, unit: list[int]) -> int:
 
 
 def collate_shared(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], units: list[list[int]], pad_id: int
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    units: list[list[int]],
+    pad_id: int,
+    dense_mask: bool = True,
 ) -> MicroBatch:
     """One shared-prompt micro-batch: each unit (rows with one prompt) is one sequence, the prompt
     left-padded to P, then its responses back to back (no padding between them), then right padding.
     The LM head runs on columns P-1 .. T-2 (as in the plain layout); response j's first token is
-    predicted at P-1, its token t at its own start + t - 1."""
+    predicted at P-1, its token t at its own start + t - 1. `dense_mask=False` leaves `attention_mask`
+    to be built on the device from `segments` (a FlexAttention block mask: attention.py)."""
     P = max(len(prompt_ids[u[0]]) for u in units)
     T = P + max(_unit_length(prompt_ids, response_ids, u) - len(prompt_ids[u[0]]) for u in units)
     R = max(max(len(response_ids[i]) for u in units for i in u), 1)
@@ -194,15 +227,10 @@ def collate_shared(
             gather_unit[k] = u
             start += max(n, 1)
             k += 1
-    valid = segment >= 0
-    q, kv = segment.unsqueeze(2), segment.unsqueeze(1)  # (U, T, 1), (U, 1, T)
-    causal = torch.ones((T, T), dtype=torch.bool).tril()
-    mask = causal & valid.unsqueeze(1) & valid.unsqueeze(2) & ((kv == 0) | (kv == q))
-    mask |= torch.eye(T, dtype=torch.bool)  # padding queries see themselves: no all-masked row (NaN)
     return MicroBatch(
         rows=torch.tensor(rows, dtype=torch.long),
         input_ids=input_ids,
-        attention_mask=mask.unsqueeze(1),
+        attention_mask=shared_prompt_dense_mask(segment) if dense_mask else None,
         position_ids=position_ids,
         response_ids=response,
         response_mask=response_mask,
@@ -210,22 +238,33 @@ def collate_shared(
         keep=torch.arange(P - 1, T - 1),
         gather_unit=gather_unit,
         gather_col=gather_col,
-        input_valid=valid,
+        input_valid=segment >= 0,
+        segments=segment,
     )
+
+
+def plan_shared(
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    token_budget: int,
+    pad_id: int,
+    dense_mask: bool = True,
+) -> list[Callable[[], MicroBatch]]:
+    """Shared-prompt micro-batches (still to be built); the plain layout when no two rows share a prompt."""
+    units = prompt_units(prompt_ids, response_ids, token_budget)
+    if len(units) == len(prompt_ids):
+        return plan_plain(prompt_ids, response_ids, token_budget, pad_id)
+    lengths = [_unit_length(prompt_ids, response_ids, u) for u in units]
+    return [
+        partial(collate_shared, prompt_ids, response_ids, [units[k] for k in group], pad_id, dense_mask)
+        for group in plan_micro_batches(lengths, token_budget)
+    ]
 
 
 def make_shared_micro_batches(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[MicroBatch]:
-    """Shared-prompt micro-batches; falls back to the plain layout when no two rows share a prompt."""
-    units = prompt_units(prompt_ids, response_ids, token_budget)
-    if len(units) == len(prompt_ids):
-        return make_micro_batches(prompt_ids, response_ids, token_budget, pad_id)
-    lengths = [_unit_length(prompt_ids, response_ids, u) for u in units]
-    return [
-        collate_shared(prompt_ids, response_ids, [units[k] for k in group], pad_id)
-        for group in plan_micro_batches(lengths, token_budget)
-    ]
+    return [build() for build in plan_shared(prompt_ids, response_ids, token_budget, pad_id)]
 
 
 def plan_packed(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -287,11 +326,43 @@ def collate_packed(
     )
 
 
+def plan_packed_layout(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[Callable[[], MicroBatch]]:
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    return [
+        partial(collate_packed, prompt_ids, response_ids, g, pad_id)
+        for g in plan_packed(lengths, token_budget)
+    ]
+
+
 def make_packed_micro_batches(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[MicroBatch]:
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    return [collate_packed(prompt_ids, response_ids, g, pad_id) for g in plan_packed(lengths, token_budget)]
+    return [build() for build in plan_packed_layout(prompt_ids, response_ids, token_budget, pad_id)]
+
+
+LAYOUTS = {"plain": plan_plain, "shared": plan_shared, "packed": plan_packed_layout}
+
+
+def plan_layout(
+    layout: str,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    token_budget: int,
+    pad_id: int,
+    dense_mask: bool = True,
+) -> list[Callable[[], MicroBatch]]:
+    """One builder per micro-batch of `layout` (plain | shared | packed), in order.
+
+    Planning only groups row indices; the tensors (ids, masks, index maps) are made when a builder is
+    called, so a caller that builds, moves and runs one micro-batch at a time holds one micro-batch's
+    tensors, never the whole batch's. `dense_mask=False`: the shared-prompt layout leaves its mask to the
+    device (a FlexAttention block mask built from `segments`, attention.py), no (U, 1, T, T) tensor.
+    """
+    if layout == "shared":
+        return plan_shared(prompt_ids, response_ids, token_budget, pad_id, dense_mask)
+    return LAYOUTS[layout](prompt_ids, response_ids, token_budget, pad_id)
 
 
 def empty_micro_batch(pad_id: int) -> MicroBatch:

@@ -32,19 +32,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
-from train.policy.batching import (
-    MicroBatch,
-    empty_micro_batch,
-    make_micro_batches,
-    make_packed_micro_batches,
-    make_shared_micro_batches,
-)
+from train.policy.attention import ATTENTION, pick_attention, shared_prompt_block_mask
+from train.policy.batching import MicroBatch, empty_micro_batch, plan_layout
 from train.policy.distributed import all_reduce_max, device
 from train.policy.meta_init import build_on_meta, fresh_parameters, materialize, weight_files
+from train.policy.packed_logprobs import kept_entropy, kept_log_probs
 from train.policy.precision import PRECISIONS, resolve_precision
-
-ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")
 
 # loss_fn(micro_batch, log_probs (b, R), entropy (b, R) | None) -> (loss scalar, metrics)
 LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
@@ -89,7 +82,7 @@ class Policy:
         self.pad_id = pad_id
         self.share_prompts = share_prompts  # rows with one prompt: the prompt runs once (batching.py)
         self.pack_sequences = pack_sequences  # padding-free rows (wins over share_prompts), batching.py
-        self.attn_implementation = pick_attention(attn_implementation, self.device, pack_sequences)
+        self.attn_implementation = pick_attention(attn_implementation, self.device, trainable)
         if self.attn_implementation == "flash_attention_2" and share_prompts and not pack_sequences:
             raise ValueError(
                 "policy.attn_implementation=flash_attention_2 cannot run the shared-prompt layout's 4-D mask:"
@@ -153,35 +146,51 @@ class Policy:
             logits_to_keep=mb.keep,
             use_cache=False,
         )
-        logits = out.logits  # (b, R, V): bf16 under bf16 precision, never copied whole to fp32
-        if mb.gather_unit is not None:  # shared-prompt layout: (U, K, V) -> each response's (b, R, V)
-            logits = logits[mb.gather_unit, mb.gather_col]
-        log_probs = logprobs_from_logits(logits, mb.response_ids)
+        # (U, K, V) logits of the kept positions only (bf16 under bf16 precision): at most the micro-batch's
+        # token budget x V. Log-probs and entropy are computed there and padded per token to (b, R).
+        logits = out.logits
+        index = mb.kept_index(logits.shape[1])
+        log_probs = kept_log_probs(logits, index, mb.response_ids)
         entropy = None
         if with_entropy:
-            # Reported every step, but only differentiated when it is in the loss: no (b, R, V) graph.
-            if entropy_grad and torch.is_grad_enabled():
-                entropy = entropy_from_logits(logits)
-            else:
-                with torch.no_grad():
-                    entropy = entropy_from_logits_chunked(logits.detach())
+            # Reported every step, but only differentiated when it is in the loss.
+            entropy = kept_entropy(logits, index, with_grad=entropy_grad and torch.is_grad_enabled())
         return log_probs, entropy
 
-    def micro_batches(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[MicroBatch]:
-        """Token-budget micro-batches, padded with empty ones to the same count on every rank.
-
-        FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang the
-        others, so ranks with less data run masked-out one-token batches (zero loss, zero gradient).
-        """
+    @property
+    def layout(self) -> str:
+        """The micro-batch layout (batching.py): packed rows win over shared prompts."""
         if self.pack_sequences:
-            make = make_packed_micro_batches
-        else:
-            make = make_shared_micro_batches if self.share_prompts else make_micro_batches
-        mbs = make(prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id)
-        target = all_reduce_max(len(mbs))
-        while len(mbs) < target:
-            mbs.append(empty_micro_batch(self.pad_id))
-        return [mb.to(self.device) for mb in mbs]
+            return "packed"
+        return "shared" if self.share_prompts else "plain"
+
+    def micro_batches(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]]
+    ) -> Iterator[MicroBatch]:
+        """Token-budget micro-batches, built and moved to the device one at a time, padded with empty ones
+        to the same count on every rank.
+
+        Only the plan (row indices) exists for the whole batch; each micro-batch's tensors are made when the
+        loop reaches it and dropped after its forward/backward, so the device holds one micro-batch's inputs
+        at a time. FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang
+        the others, so the count is agreed before the first one and ranks with less data run masked-out
+        one-token batches (zero loss, zero gradient).
+        """
+        flex = self.attn_implementation == "flex_attention"
+        builders = plan_layout(
+            self.layout, prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id, dense_mask=not flex
+        )
+        target = all_reduce_max(len(builders))
+        for build in builders:
+            yield self._on_device(build(), flex)  # no reference kept here while the caller runs it
+        for _ in range(target - len(builders)):
+            yield empty_micro_batch(self.pad_id).to(self.device)
+
+    def _on_device(self, mb: MicroBatch, flex: bool) -> MicroBatch:
+        mb = mb.to(self.device)
+        if flex and mb.segments is not None:  # shared-prompt units: the block mask, on the device
+            mb.attention_mask = shared_prompt_block_mask(mb.segments)
+        return mb
 
     @torch.no_grad()
     def compute_log_probs(
@@ -199,6 +208,7 @@ class Policy:
             log_probs[mb.rows, :R] = (lp * mb.response_mask).float().cpu()
             if entropy is not None:
                 entropy[mb.rows, :R] = (ent * mb.response_mask).float().cpu()
+            del mb, lp, ent  # nothing of this micro-batch outlives its turn
         return log_probs, entropy
 
     # ---- update --------------------------------------------------------------------------------
@@ -218,8 +228,9 @@ class Policy:
         assert self.optimizer is not None, "reference policy is frozen"
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        mbs = self.micro_batches(prompt_ids, response_ids)
-        for mb in mbs:
+        count = 0
+        for mb in self.micro_batches(prompt_ids, response_ids):
+            count += 1
             log_probs, entropy = self._forward(mb, with_entropy, entropy_grad)
             if mb.rows.numel() == 0:  # padding micro-batch: zero gradient, same collectives
                 (log_probs.sum() * 0.0).backward()
@@ -228,6 +239,7 @@ class Policy:
             loss.backward()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
+            del mb, loss, log_probs, entropy  # nothing of this micro-batch outlives its turn
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
@@ -236,7 +248,7 @@ class Policy:
             self.optimizer.step()
         self.scheduler.step()
         sums[f"{self.metric_prefix}/grad_norm"] = grad_norm
-        sums[f"{self.metric_prefix}/micro_batches"] = float(len(mbs))
+        sums[f"{self.metric_prefix}/micro_batches"] = float(count)
         return sums
 
     @property
@@ -279,20 +291,6 @@ class Policy:
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
         )
         self.scheduler.load_state_dict(scheduler_state)
-
-
-def pick_attention(requested: str, where: torch.device, packed: bool) -> str:
-    """The HF attention implementation. `auto`: FlashAttention-2 for packed rows on a GPU when the
-    flash-attn package is installed (variable-length kernels, no mask), else PyTorch SDPA, which also
-    runs packed rows (transformers builds the block-diagonal mask from the restarting position ids)."""
-    if requested != "auto":
-        return requested
-    if packed and where.type == "cuda":
-        import importlib.util
-
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-    return "sdpa"
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

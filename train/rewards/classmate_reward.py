@@ -92,7 +92,14 @@ def _load_tokenizer(name_or_path: str):
 
 
 class EngineClassmate:
-    """A classmate with its own in-process vLLM engine (a second engine lives beside the policy's)."""
+    """A classmate with its own in-process vLLM engine (a second engine lives beside the policy's).
+
+    vLLM's sleep mode is one engine per process and belongs to the policy's rollout engine, so this one
+    never sleeps: on a GPU it holds `gpu_memory_utilization` of each GPU (weights + KV cache) for the whole
+    run, beside the policy engine's `rollout.gpu_memory_utilization` (which only holds while awake). Size
+    it to the classmate model (weights + a KV cache for `max_model_len`); the planner counts it. A classmate
+    bigger than that belongs on its own GPU as a `ServedClassmate`.
+    """
 
     def __init__(
         self,
@@ -101,13 +108,21 @@ class EngineClassmate:
         max_model_len: int = 2048,
         kv_cache_gb: float = 1.0,
         seed: int = 0,
+        gpu_memory_utilization: float = 0.1,
     ) -> None:
         from train.models import resolve_model_path
         from train.rollout.vllm_engine import VLLMEngine
 
         self.model_path = str(resolve_model_path(model_path))
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.engine = VLLMEngine(
-            self.model_path, dtype=dtype, max_model_len=max_model_len, kv_cache_gb=kv_cache_gb, seed=seed
+            self.model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_gb=kv_cache_gb,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            sleep_level=0,
         )
         self.tokenizer = _load_tokenizer(self.model_path)
         self.max_model_len = max_model_len

@@ -16,6 +16,15 @@ Device settings follow where it runs (`engine_kwargs`):
   CPU memory and back for nothing (vLLM docs, sleep mode: "level 2 ... update the model, where previous
   model weights are not needed"). Waking the weights before the KV cache keeps the weight update from
   running out of memory. No second full copy of the model exists at any time: one bucket at most.
+  Before every wake-up PyTorch's caching allocator hands back what it still reserves from the update
+  (`torch.cuda.empty_cache()`): vLLM's sleep allocator maps physical memory itself and cannot use blocks
+  PyTorch keeps cached (TRL's GRPOTrainer and verl's rollout mode empty the cache before each wake_up).
+- One sleep-mode engine per process: vLLM's sleep allocator (CuMemAllocator) is a process-wide singleton,
+  so a second engine with sleep mode would be put to sleep and woken with the first. Only the policy's
+  rollout engine sleeps; any other engine in a process (a classmate beside the trainer's engine, evals,
+  benches) is built with `sleep_level=0` and a fixed `gpu_memory_utilization` budget, held for its whole
+  life (`VLLMEngine.gpu_memory_utilization`; the classmate's is `EngineClassmate(gpu_memory_utilization)`),
+  and a second sleep-mode engine is refused at construction with the fix named.
 - `tensor_parallel_size=t > 1`: vLLM carves consecutive training ranks into TP groups of t (rank r is in
   group r // t); the ranks of a group must submit identical requests, so each rank's prompts (with their
   own seeds) are all-gathered inside the group, generated together, and each rank keeps its own rows.
@@ -24,6 +33,7 @@ Device settings follow where it runs (`engine_kwargs`):
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -145,6 +155,34 @@ def _retie_lm_head(worker) -> None:
 
 
 _LIVE_ENGINES: set[int] = set()  # ids of this process's open engines (see VLLMEngine.close)
+_SLEEP_MODE_OWNER: list[weakref.ref] = []  # the one engine of this process with vLLM sleep mode (if any)
+
+
+def claim_sleep_mode(engine: object, device_type: str, sleep_level: int) -> None:
+    """Register `engine` as this process's sleep-mode engine, or refuse a second one in one line.
+
+    Sleep mode exists on CUDA only (CPU engines never sleep); vLLM's sleep allocator is per process."""
+    if device_type != "cuda" or not sleep_level:
+        return
+    owner = _SLEEP_MODE_OWNER[0]() if _SLEEP_MODE_OWNER else None
+    if owner is not None and owner is not engine:
+        raise ValueError(
+            f"a second vLLM engine with sleep_level={sleep_level} in this process: vLLM's sleep allocator is "
+            "per process (it belongs to the policy's rollout engine); build this engine with sleep_level=0 "
+            "and a gpu_memory_utilization budget, or run it in its own process"
+        )
+    _SLEEP_MODE_OWNER[:] = [weakref.ref(engine)]
+
+
+def release_sleep_mode(engine: object) -> None:
+    if _SLEEP_MODE_OWNER and _SLEEP_MODE_OWNER[0]() is engine:
+        _SLEEP_MODE_OWNER.clear()
+
+
+def empty_device_cache() -> None:
+    """Hand PyTorch's cached, unused GPU blocks back to the driver (no-op without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class VLLMEngine:
@@ -152,7 +190,9 @@ class VLLMEngine:
 
     The GPU-only knobs (`gpu_memory_utilization`, `sleep_level`, CUDA graphs via `enforce_eager=None`)
     are ignored on CPU; `kv_cache_gb` is the CPU KV cache (on GPU the cache gets what
-    `gpu_memory_utilization` leaves after the weights and activations).
+    `gpu_memory_utilization` leaves after the weights and activations). `sleep_level=2` is for the
+    policy's rollout engine, the only one that sleeps; every other engine passes `sleep_level=0` and
+    holds `gpu_memory_utilization` of each GPU while it lives (see the module docstring).
     """
 
     def __init__(
@@ -188,6 +228,9 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
         )
         self.sleep_level = sleep_level if self.device_type == "cuda" else 0
+        self.gpu_sleep_level = sleep_level  # what it does on a GPU (0: holds its share for its whole life)
+        self.gpu_memory_utilization = gpu_memory_utilization  # its share of each GPU (GPU only)
+        claim_sleep_mode(self, self.device_type, self.sleep_level)
         self.asleep = False
         self.weight_dtype = getattr(torch, dtype)
         self.bucket_bytes = weight_bucket_mb * 2**20
@@ -198,7 +241,11 @@ class VLLMEngine:
                 group = dist.new_group(ranks)
                 if rank in ranks:
                     self.tp_group, self.tp_ranks = group, ranks
-        self.llm = LLM(str(model_path), **self.kwargs)
+        try:
+            self.llm = LLM(str(model_path), **self.kwargs)
+        except BaseException:
+            release_sleep_mode(self)
+            raise
         self.tokenizer = self.llm.get_tokenizer()
         _LIVE_ENGINES.add(id(self))
 
@@ -269,8 +316,13 @@ class VLLMEngine:
                 raise RuntimeError(
                     "the vLLM engine slept at level 2 (weights discarded): update_weights first"
                 )
-            self.llm.wake_up()
+            self._wake_up()
             self.asleep = False
+
+    def _wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's wake_up after PyTorch gave back its cached blocks (see the module docstring)."""
+        empty_device_cache()
+        self.llm.wake_up(tags=tags)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.device_type != "cuda":
@@ -280,12 +332,12 @@ class VLLMEngine:
             self.llm.collective_rpc(_retie_lm_head)
         else:
             if self.asleep:
-                self.llm.wake_up(tags=["weights"])  # weights first: the KV cache is not yet back
+                self._wake_up(tags=["weights"])  # weights first: the KV cache is not yet back
             for bucket in bucketed(named_tensors, self.bucket_bytes, self.weight_dtype):
                 self.llm.collective_rpc(_load_weights, args=(bucket,))
                 del bucket
             if self.asleep:
-                self.llm.wake_up(tags=["kv_cache"])
+                self._wake_up(tags=["kv_cache"])  # the update's buffers are freed and given back first
                 self.asleep = False
         # KV blocks cached under the old weights must not be reused for new prompts.
         self.llm.reset_prefix_cache()
@@ -303,6 +355,7 @@ class VLLMEngine:
         import vllm.v1.engine.core as core
 
         _LIVE_ENGINES.discard(id(self))
+        release_sleep_mode(self)
         if not hasattr(self, "llm"):
             return
         if _LIVE_ENGINES:

@@ -1,0 +1,63 @@
+"""Attention selection (FlexAttention on GPU, dense SDPA on CPU) and the shared-prompt block mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from train.policy.attention import pick_attention, shared_prompt_block_mask, shared_prompt_dense_mask
+from train.policy.batching import collate_shared
+
+
+def test_auto_is_flex_on_gpu_and_sdpa_on_cpu():
+    assert pick_attention("auto", torch.device("cuda")) == "flex_attention"
+    assert pick_attention("auto", torch.device("cpu")) == "sdpa"
+    assert pick_attention("sdpa", torch.device("cuda")) == "sdpa"  # an explicit choice is kept
+    assert pick_attention("flex_attention", torch.device("cpu"), trainable=False) == "flex_attention"
+    with pytest.raises(ValueError, match="no FlexAttention backward on the CPU; use sdpa"):
+        pick_attention("flex_attention", torch.device("cpu"), trainable=True)
+    with pytest.raises(ValueError, match="policy.attn_implementation='flash'"):
+        pick_attention("flash", torch.device("cuda"))
+
+
+def test_shared_prompt_block_mask_attends_like_the_dense_mask():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # two units: prompt [1, 2] + responses [7], [8, 9, 6]; prompt [4] + response [5], then padding
+    mb = collate_shared([[1, 2], [1, 2], [4]], [[7], [8, 9, 6], [5]], [[0, 1], [2]], pad_id=0)
+    assert mb.segments.tolist() == [[0, 0, 1, 2, 2, 2], [-1, 0, 1, -1, -1, -1]]
+    dense = shared_prompt_dense_mask(mb.segments)
+    assert torch.equal(dense, mb.attention_mask)
+    block = shared_prompt_block_mask(mb.segments, compile_mask=False)
+    assert block.shape == (2, 1, 6, 6)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    got = flex_attention(q, k, v, block_mask=block)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["shared", "packed"])
+def test_flex_attention_log_probs_equal_sdpa(tiny_model, dist_group, layout):
+    """transformers' FlexAttention path (compiled, as on a GPU) on this project's layouts: the block mask from
+    the position ids (packed) or from the units' segments (shared) gives SDPA's log-probs. Forward only:
+    torch has no FlexAttention backward on the CPU."""
+    from train.policy.fsdp import Policy
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(10, 4000, (int(n),), generator=g).tolist() for n in (5, 9, 3)]
+    rows = [p for p in prompts for _ in range(3)]
+    responses = [torch.randint(10, 4000, (int(n),), generator=g).tolist() for n in [6, 1, 11] * 3]
+    kw = {"share_prompts": layout == "shared", "pack_sequences": layout == "packed", "trainable": False}
+    sdpa = Policy(tiny_model, micro_batch_tokens=48, pad_id=0, attn_implementation="sdpa", **kw)
+    flex = Policy(tiny_model, micro_batch_tokens=48, pad_id=0, attn_implementation="flex_attention", **kw)
+    mbs = list(flex.micro_batches(rows, responses))
+    assert len(mbs) > 1
+    if layout == "shared":
+        assert all(type(mb.attention_mask).__name__ == "BlockMask" for mb in mbs if mb.segments is not None)
+    lp_sdpa, ent_sdpa = sdpa.compute_log_probs(rows, responses, with_entropy=True)
+    lp_flex, ent_flex = flex.compute_log_probs(rows, responses, with_entropy=True)
+    torch.testing.assert_close(lp_flex, lp_sdpa, rtol=0, atol=2e-5)
+    torch.testing.assert_close(ent_flex, ent_sdpa, rtol=0, atol=2e-5)

@@ -1,0 +1,201 @@
+"""GPU memory properties of the policy, proven on CPU with the live-tensor tracker (train/policy/memory.py).
+
+A micro-batch's vocabulary-sized tensors (logits, their gradient, fp32 temporaries) are bounded by the
+positions the model keeps (at most the token budget, or one over-long sequence) times the vocabulary,
+whatever the rows' lengths: a long-tailed batch (one 1024-token response among fifteen of 16) peaks no
+higher than the same tokens spread evenly. Log-probs and entropy equal the old (b, R, V) formulation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
+from train.policy.batching import collate, collate_packed, collate_shared
+from train.policy.memory import LiveTensorBytes, peak_tensor_bytes
+from train.policy.packed_logprobs import CHUNK_ELEMENTS, kept_entropy, kept_log_probs, vocab_peak_bytes
+
+MB = 2**20
+
+
+# ---- the tracker -----------------------------------------------------------------------------
+def test_tracker_counts_live_storages_once_and_frees_them():
+    def work():
+        a = torch.zeros(1000)  # 4000 B
+        b = torch.zeros(2000)  # 8000 B: 12000 live
+        del a  # 8000
+        view = b.view(-1)  # same storage: nothing new
+        c = torch.ones(500)  # 2000 B: 10000 live
+        return view, c
+
+    (view, c), peak = peak_tensor_bytes(work)
+    assert peak == 12_000
+    with LiveTensorBytes() as m:
+        x = torch.zeros(250)
+        assert m.current == 1000
+        x.untyped_storage().resize_(0)  # FSDP2 frees unsharded parameters this way
+        assert m.current == 0
+        x.untyped_storage().resize_(4000)
+        assert m.current == 4000 and m.peak == 4000
+        del x
+        assert m.current == 0
+
+
+def test_tracker_sees_the_backward():
+    w = torch.randn(64, 64, requires_grad=True)
+
+    def step():
+        (w @ w).relu().sum().backward()
+
+    _, peak = peak_tensor_bytes(step)
+    # forward keeps w@w and relu's output (2 x 16 KiB); backward adds the gradients (w.grad among them)
+    assert 3 * 64 * 64 * 4 <= peak <= 8 * 64 * 64 * 4
+
+
+# ---- kept-position log-probs equal the old (b, R, V) formulation --------------------------------
+def _layouts():
+    g = torch.Generator().manual_seed(0)
+    prompts = [[1, 2, 3], [1, 2, 3], [4, 5], [1, 2, 3], [4, 5]]
+    responses = [torch.randint(6, 40, (n,), generator=g).tolist() for n in (4, 1, 6, 0, 3)]
+    rows = list(range(5))
+    yield "plain", collate(prompts, responses, rows, pad_id=0)
+    yield "shared", collate_shared(prompts, responses, [[0, 1, 3], [2, 4]], pad_id=0)
+    yield "packed", collate_packed(prompts, responses, rows, pad_id=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kept_log_probs_and_entropy_equal_the_padded_formulation(dtype):
+    g = torch.Generator().manual_seed(1)
+    for name, mb in _layouts():
+        U, V = mb.input_ids.shape[0], 40
+        K = mb.keep.numel()
+        logits = (torch.randn(U, K, V, generator=g) * 4).to(dtype)
+        logits[0, 0, 7] = float("-inf")  # a masked vocabulary entry stays finite in both
+        unit = mb.gather_unit if mb.gather_unit is not None else torch.arange(U)[:, None]
+        col = mb.gather_col if mb.gather_col is not None else torch.arange(K)[None, :]
+        weights = torch.randn(mb.response_ids.shape, generator=g)
+
+        old_in = logits.clone().requires_grad_(True)
+        old = logprobs_from_logits(old_in[unit, col], mb.response_ids)  # today's (b, R, V) copy
+        (old * weights).sum().backward()
+        new_in = logits.clone().requires_grad_(True)
+        new = kept_log_probs(new_in, mb.kept_index(K), mb.response_ids, chunk_size=3)
+        (new * weights).sum().backward()
+        assert torch.equal(new, old), name
+        assert torch.isfinite(new).all()
+        if dtype == torch.float32:  # shared prompts: first-token gradients summed in another order
+            torch.testing.assert_close(new_in.grad, old_in.grad, rtol=0, atol=1e-6)
+        else:  # bf16 gradients: one rounding of the fp32 sum (the old code rounded each row, then summed)
+            exact = logits.float().requires_grad_(True)
+            (logprobs_from_logits(exact[unit, col], mb.response_ids) * weights).sum().backward()
+            new_err = (new_in.grad.float() - exact.grad).abs().max()
+            assert new_err <= (old_in.grad.float() - exact.grad).abs().max(), name
+            torch.testing.assert_close(new_in.grad.float(), exact.grad, rtol=2**-8, atol=1e-6)
+
+        old_h = entropy_from_logits_chunked(logits[unit, col])
+        assert torch.equal(kept_entropy(logits, mb.kept_index(K), with_grad=False, chunk_size=3), old_h), name
+        old_e = logits.clone().requires_grad_(True)
+        (entropy_from_logits(old_e[unit, col]) * weights).sum().backward()  # today's entropy in the loss
+        new_e = logits.clone().requires_grad_(True)
+        new_h = kept_entropy(new_e, mb.kept_index(K), with_grad=True, chunk_size=3)
+        new_lp = kept_log_probs(new_e, mb.kept_index(K), mb.response_ids, chunk_size=3)  # both in one loss
+        (new_h * weights).sum().backward(retain_graph=True)
+        assert torch.equal(new_e, logits), "the backward changed the saved logits"
+        (new_lp * 0).sum().backward()  # the log-probs' backward still finds its saved logits intact
+        assert torch.equal(new_h, old_h), name
+        assert torch.isfinite(new_e.grad).all() and new_e.grad[0, 0, 7] == 0  # p = 0 at a -inf logit
+        tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-3}
+        torch.testing.assert_close(new_e.grad.float(), old_e.grad.float(), **tol)
+
+
+def test_vocab_peak_formula_counts_logits_gradient_and_chunks():
+    V = 49_152
+    rows = CHUNK_ELEMENTS // V
+    assert vocab_peak_bytes(1000, V, 2, backward=False) == 1000 * V * 2 + 4 * rows * V * 4
+    assert vocab_peak_bytes(1000, V, 2, backward=True) == 2 * 1000 * V * 2 + 4 * rows * V * 4
+    assert (
+        vocab_peak_bytes(1000, V, 2, backward=True, entropy_grad=True) == 3 * 1000 * V * 2 + 4 * rows * V * 4
+    )
+
+
+# ---- the policy on a long-tailed batch: peak bounded by kept positions x vocabulary --------------
+def _batch(lengths: list[int]):
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 4000, (32,), generator=g).tolist() for _ in range(2)]
+    responses = [torch.randint(10, 4000, (n,), generator=g).tolist() for n in lengths]
+    return [p for p in prompts for _ in range(8)], responses  # 2 groups of 8 (a GRPO batch)
+
+
+LONG = [1024] + [16] * 15
+EVEN = [sum(LONG) // 16] * 16
+
+
+def _peaks(policy, prompts, responses):
+    def loss_fn(mb, log_probs, entropy):
+        return -(log_probs * mb.response_mask).sum() / 1000, {}
+
+    _, lp_peak = peak_tensor_bytes(policy.compute_log_probs, prompts, responses, with_entropy=True)
+    policy.train_step(prompts, responses, loss_fn)  # the optimizer state exists before the measurement
+    _, step_peak = peak_tensor_bytes(policy.train_step, prompts, responses, loss_fn)
+    kept = max(mb.keep.numel() * mb.input_ids.shape[0] for mb in policy.micro_batches(prompts, responses))
+    return lp_peak, step_peak, kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["shared", "packed"])
+def test_long_tailed_batch_peak_is_bounded_by_kept_positions_not_the_longest_row(
+    tiny_model, dist_group, layout
+):
+    from train.policy.fsdp import Policy
+
+    kw = {"share_prompts": layout == "shared", "pack_sequences": layout == "packed"}
+    policy = Policy(tiny_model, lr=1e-3, micro_batch_tokens=2048, pad_id=0, **kw)
+    V = policy.config.vocab_size
+    assert V == 49_152  # the real tokenizer's vocabulary: the logits dominate
+    state = sum(p.numel() * 4 for p in policy.model.parameters())  # gradients (and clip temporaries)
+    activations = 32 * MB  # 2 layers x hidden 128 over ~2k tokens, with margin
+    peaks, kept_of = {}, {}
+    for name, lengths in (("long", LONG), ("even", EVEN)):
+        lp, step, kept = _peaks(policy, *_batch(lengths))
+        peaks[name], kept_of[name] = (lp, step), kept
+        lp_bound = vocab_peak_bytes(kept, V, 4, backward=False) + activations
+        step_bound = vocab_peak_bytes(kept, V, 4, backward=True) + 2 * state + activations
+        assert lp <= lp_bound, f"{name}: compute_log_probs peak {lp / MB:.0f} MiB > {lp_bound / MB:.0f} MiB"
+        assert step <= step_bound, f"{name}: train_step peak {step / MB:.0f} MiB > {step_bound / MB:.0f} MiB"
+    # the same tokens with one long row: no growth (old code: 2.0x and 4.8x in the shared layout)
+    assert peaks["long"][0] <= 1.1 * peaks["even"][0], peaks
+    assert peaks["long"][1] <= 1.1 * peaks["even"][1], peaks
+
+    def entropy_loss(mb, log_probs, entropy):  # entropy in the loss: its gradient through the logits too
+        return -((log_probs + 0.01 * entropy) * mb.response_mask).sum() / 1000, {}
+
+    prompts, responses = _batch(LONG)
+    _, peak = peak_tensor_bytes(policy.train_step, prompts, responses, entropy_loss, entropy_grad=True)
+    bound = (
+        vocab_peak_bytes(kept_of["long"], V, 4, backward=True, entropy_grad=True) + 2 * state + activations
+    )
+    assert peak <= bound, f"train_step with entropy_grad peak {peak / MB:.0f} MiB > {bound / MB:.0f} MiB"
+
+
+# ---- micro-batches exist one at a time ------------------------------------------------------------
+def _tensor_bytes(mb) -> int:
+    return sum(v.untyped_storage().nbytes() for v in vars(mb).values() if isinstance(v, torch.Tensor))
+
+
+def test_micro_batches_are_built_and_moved_one_at_a_time(tiny_model, dist_group):
+    from train.policy.batching import plan_layout
+    from train.policy.fsdp import Policy
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(10, 4000, (24,), generator=g).tolist() for _ in range(12)]
+    rows = [p for p in prompts for _ in range(4)]
+    responses = [torch.randint(10, 4000, (40,), generator=g).tolist() for _ in rows]
+    policy = Policy(tiny_model, trainable=False, micro_batch_tokens=400, pad_id=0)  # shared prompts
+    builders = plan_layout("shared", rows, responses, 400, 0)
+    sizes = [_tensor_bytes(build()) for build in builders]
+    building = max(peak_tensor_bytes(build)[1] for build in builders)  # one micro-batch and its temporaries
+    assert len(sizes) >= 6 and sum(sizes) > 4 * max(sizes)  # the whole batch's inputs would show
+    _, peak = peak_tensor_bytes(lambda: [mb.rows.numel() for mb in policy.micro_batches(rows, responses)])
+    # the one the caller holds and the next being built, never the whole batch (old code: all of them)
+    assert peak <= building + max(sizes) + 4096, (peak, building, max(sizes), sum(sizes))
