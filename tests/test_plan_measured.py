@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from bench.peak_bytes import peak_tensor_bytes
+from train.policy.memory import peak_tensor_bytes
 from train.plan import Arch, Workload, memory
 
 pytestmark = pytest.mark.slow
