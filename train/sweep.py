@@ -47,7 +47,7 @@ SWEEP_PLACED = {
     "parent_run_id": "the sweep's own MLflow run is every point's parent",
     "tags": "the sweep tags every point's run (rlpost.sweep, rlpost.grid_point, ...)",
 }
-ACTIVE = ("submitted", "waiting", "running", "requeued")
+ACTIVE = ("submitted", "waiting", "running", "preempted", "requeued")  # preempted: until Slurm runs it again
 ENDED = ("done", "failed", "dead")
 
 
@@ -392,7 +392,7 @@ def wait(info: dict, poll_s: float = 10.0) -> int:
     """A live table of the points until every one has ended (redrawn in place on a terminal, printed
     again only when a state or step changes otherwise); 1 if any failed/died."""
     sweep_json = Path(info["logs"]).parent / "sweep.json"
-    states = ("submitted", "waiting", "running", "requeued", "done", "failed", "dead")
+    states = ("submitted", "waiting", "running", "preempted", "requeued", "done", "failed", "dead")
     tty = sys.stdout.isatty()
     shown = None
     while True:
