@@ -341,7 +341,9 @@ def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
 
 def test_keys_a_sweep_sets_itself_are_refused_in_one_line(tmp_path):
     """output_dir= (and the other placement keys) would be silently replaced by the sweep's own folders."""
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RLPOST_OUTPUTS": str(tmp_path / "out")}
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RLPOST_OUTPUTS": str(tmp_path / "out"),
+           "SLURM_CONF": str(tmp_path / "no-slurm.conf")}  # fmt: skip
+    slurm = ["--launcher", "slurm", "--cluster", "local"]  # unreachable: had a key passed, nothing runs
     for args, fragment in [
         (
             ["grpo_math", "output_dir=/elsewhere"],
@@ -351,7 +353,7 @@ def test_keys_a_sweep_sets_itself_are_refused_in_one_line(tmp_path):
         (["grpo_math", "resume=false"], "resume= is not honoured by a sweep"),
         (["sft_grpo_math", "grpo.output_dir=/elsewhere"], "grpo.output_dir= is not honoured by a sweep"),
     ]:
-        run = sweep_cli(env, *args, timeout=120)
+        run = sweep_cli(env, *args, *slurm, timeout=120)
         assert run.returncode == 2 and fragment in run.stderr, (args, run.stderr[-500:])
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
         if "output_dir" in fragment:

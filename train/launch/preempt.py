@@ -182,6 +182,9 @@ def forward_to_ranks(folder: Path, say: Callable[[str], None] = print) -> Iterat
         tmp.write_text(json.dumps(seen))
         tmp.replace(folder / REQUEST)
 
+    if threading.current_thread() is not threading.main_thread():
+        yield seen  # handlers live on the main thread (tests start 'nodes' in threads)
+        return
     previous = {sig: signal.getsignal(sig) for sig in PREEMPT_SIGNALS}
     for sig in PREEMPT_SIGNALS:
         signal.signal(sig, on_signal)
