@@ -290,6 +290,7 @@ def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
     env = sweep_env(tmp_path, Path("/nonexistent/model"))  # the jobs fail at once: only folders matter here
     go = tmp_path / "go"
     lrs = ["1e-06", "2e-06", "3e-06"]
+    now = str(time.time())  # every sweep's clock reads this second
     procs = [
         subprocess.Popen(
             [
@@ -297,6 +298,7 @@ def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
                 "-c",
                 SAME_SECOND_DRIVER,
                 str(go),
+                now,
                 "tinysweep",
                 "--grid",
                 "seed=1",
