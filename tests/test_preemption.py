@@ -118,6 +118,29 @@ def test_sigterm_checkpoints_marks_killed_and_resumes_past_a_damaged_step(tiny_m
     assert steps == list(range(1, 13)), steps  # the same MLflow run: no step lost, none twice
 
 
+def test_a_step_longer_than_the_grace_is_abandoned(tiny_model, tmp_path):
+    """preempt_grace_s=1, a step needing ~6 s: the step is abandoned (no half-updated state is saved), the
+    checkpoint of step 1 stays the newest, and the process exits without waiting for the step."""
+    run_dir, log, env = tmp_path / "run", tmp_path / "train.log", env_for(tmp_path)
+    cmd = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 4, 1, 6.0), "preempt_grace_s=1"]
+    proc = start(cmd, env, log)
+    deadline = time.time() + 600
+    while not ckpt.is_complete(ckpt.step_dir(run_dir, 1)):
+        if proc.poll() is not None or time.time() > deadline:
+            pytest.fail(f"no checkpoint 1: {log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    code, secs = signal_after_step(proc, run_dir, log, 1, signal.SIGTERM, group=False)
+    out = log.read_text()
+    print(
+        f"\n[measure] SIGTERM during a 6 s step, preempt_grace_s=1: exit {code} {secs:.1f} s after the signal"
+    )
+    assert code == 128 + signal.SIGTERM and "Traceback" not in out, out[-3000:]
+    assert "SIGTERM: the step after 1 abandoned, no checkpoint written on the way out" in out, out[-3000:]
+    assert progress_step(run_dir) == 1 and [s for s, _ in ckpt.list_checkpoints(run_dir)] == [1]
+    _, run = run_of(tmp_path, run_dir)
+    assert run.info.status == "KILLED"
+
+
 def test_usr2_to_every_process_of_a_two_rank_job_is_handled_once_by_the_launcher(tiny_model, tmp_path):
     """submitit's USR2 reaches every process of the job (torchrun and its ranks too). Before: torchrun and
     the ranks died of it, no checkpoint. Now the launcher handles it once; both ranks stop after the same

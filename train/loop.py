@@ -172,10 +172,9 @@ class TrainingLoop:
             for step in range(self.start_step + 1, cfg.total_steps + 1):
                 last = self.step(step)
                 watch.step = step
+                watch.disarm()  # the step ended in time: nothing is abandoned from here on
                 stop = watch.agreed_request()  # collective: every rank stops after the same step
-                if stop:
-                    watch.disarm()  # the step ended in time: no abandoning from here on
-                    stop = stop if step < cfg.total_steps else None  # the last step: just finish
+                stop = stop if step < cfg.total_steps else None  # the last step: just finish
                 if validating and not stop and (step % cfg.val_every == 0 or step == cfg.total_steps):
                     last.update(self._validate(step))
                 if self.rank == 0 and step % cfg.log_every == 0:

@@ -101,7 +101,7 @@ class PreemptWatch:
 
     def __exit__(self, *exc) -> None:
         self.disarm()
-        for sig, previous in self._previous.items():
+        for sig, previous in self._previous.items():  # SIGALRM's too, when the grace timer was set
             signal.signal(sig, previous)
         self._previous.clear()
 
@@ -114,6 +114,7 @@ class PreemptWatch:
             f"{signame(signum)} received: finishing step {self.step + 1}{bound}, then checkpoint and exit"
         )
         if self.grace_s > 0:
+            self._previous.setdefault(signal.SIGALRM, signal.getsignal(signal.SIGALRM))
             signal.signal(signal.SIGALRM, self._abandon)
             signal.setitimer(signal.ITIMER_REAL, self.grace_s)
 
