@@ -317,19 +317,21 @@ def save_checkpoint(run_dir: str | Path, step: int, *args, **kwargs) -> Path | N
     try:
         path, failure = _write_checkpoint(run_dir, step, *args, **kwargs), None
     except BaseException as exc:  # DCP's CheckpointException is a BaseException; every rank must agree
-        path, failure = None, _save_failure(exc)
+        path, failure = None, _save_failure(exc, checkpoints_root(run_dir))
         if failure is None:
             raise
     failures = [f for f in all_gather_objects(failure) if f]  # also the end-of-save barrier
     if not failures:
         return path
     root = checkpoints_root(run_dir)
+    written = 0
     if path is not None or _rank() == 0:
         for tmp in root.glob(f"{TMP}{step_name(step)}-*"):  # this run has one writer: the folder is ours
+            written += sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
             shutil.rmtree(tmp, ignore_errors=True)
     raise CheckpointError(
-        f"checkpoint step {step} not saved: {failures[0]}; its temporary folder was removed and the run's "
-        f"earlier checkpoints are intact (free space: {_free_space(root)})"
+        f"checkpoint step {step} not saved: {failures[0]} ({_space(root, written)}); its temporary folder "
+        "was removed, the run's earlier checkpoints are intact"
     )
 
 
@@ -339,10 +341,11 @@ def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
-def _save_failure(exc: BaseException) -> str | None:
+def _save_failure(exc: BaseException, root: Path) -> str | None:
     """One line for a save that failed on an OS error (the first one in the exception's chain, DCP's
-    per-rank failures included), e.g. "no space left on device writing .../state/__0_0.distcp";
-    None when no OS error caused it (a bug: the caller re-raises it)."""
+    per-rank failures included), e.g. "no space left on device writing .../state/__0_0.distcp", or on a
+    full file system (torch's C++ writers report a full disk as "file write failed" or "unexpected pos",
+    without the errno); None for any other failure (a bug: the caller re-raises it)."""
     seen, todo = set(), [exc]
     while todo:
         e = todo.pop(0)
@@ -357,15 +360,22 @@ def _save_failure(exc: BaseException) -> str | None:
         failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
         if isinstance(failures, dict):  # rank -> (exception, its stack summary)
             todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+    try:
+        usage = shutil.disk_usage(root)
+    except OSError:
+        return None
+    if usage.free < max(2**20, usage.total // 100):
+        return f"no space left on device: the file system of {root} is full"
     return None
 
 
-def _free_space(path: Path) -> str:
+def _space(path: Path, written: int) -> str:
     try:
         usage = shutil.disk_usage(path)
     except OSError:
-        return "unknown"
-    return f"{usage.free / 2**20:,.1f} MiB of {usage.total / 2**20:,.1f} MiB on the checkpoint file system"
+        return f"{written / 2**20:,.1f} MiB written before it failed"
+    return (f"{written / 2**20:,.1f} MiB written before it failed; the file system holds "
+            f"{usage.total / 2**20:,.1f} MiB, {usage.free / 2**20:,.1f} MiB free now")  # fmt: skip
 
 
 def _write_checkpoint(
