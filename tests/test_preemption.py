@@ -188,7 +188,7 @@ def test_a_save_on_a_full_disk_removes_its_temporary_folder_and_says_what_ran_ou
     print(f"\n[measure] full disk: exit {done.returncode}; stderr: {done.stderr.strip()}")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stderr.strip().count("\n") == 0, done.stderr  # one line
-    assert done.stderr.startswith("error: checkpoint step 3 not saved: no space left on device writing ")
+    assert done.stderr.startswith("error: checkpoint step 3 not saved: no space left on device")
     assert "its temporary folder was removed" in done.stderr and "MiB written before it failed" in done.stderr
     warnings = [ln for ln in done.stdout.splitlines() if "not saved: no space left on device" in ln]
     assert [w.split("checkpoint step ")[1][:1] for w in warnings] == ["1", "2"], done.stdout[-3000:]
