@@ -135,6 +135,11 @@ def _from_run(run, step: int | None) -> CheckpointRef:
     tags = run.data.tags
     by_step = {s: p for s, p in _checkpoint_tags(tags).items() if ckpt.is_complete(p)}
     if step is not None:
+        recorded = _checkpoint_tags(tags).get(step)
+        if step not in by_step and recorded is not None and recorded.is_dir():
+            raise CheckpointNotFound(
+                f"MLflow run {run_id}'s checkpoint {recorded} is damaged ({ckpt.damage(recorded)}); pick another step"
+            )
         if step not in by_step:
             raise CheckpointNotFound(
                 f"MLflow run {run_id} has no checkpoint on disk for step {step} (available: {sorted(by_step)})"
