@@ -90,8 +90,10 @@ def test_slurm_sweep_survives_preemption_requeue_and_kill(slurm_cluster, tiny_mo
     # seed 1 is then killed outright: the job fails, --status calls it dead, --resume resubmits it
     killed_after = None
     if status_of(seed1["run_dir"])["state"] != "done":
-        killed_after = progress_of(seed1["run_dir"])
-        os.kill(status_of(seed1["run_dir"])["pid"], signal.SIGKILL)
+        pid = status_of(seed1["run_dir"])["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for("seed 1's process gone", lambda: not pid_alive(pid), timeout=60, poll=0.1)
+        killed_after = progress_of(seed1["run_dir"])  # read once it is dead: the steps it completed
         wait_for("seed 1 dead", lambda: " dead " in sweep_cli(env, "tinyslurm", "--status", timeout=60).stdout,
                  timeout=120, poll=2)  # fmt: skip
         resumed = sweep_cli(env, "tinyslurm", "--resume", timeout=120)
