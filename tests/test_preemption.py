@@ -28,7 +28,7 @@ def overrides(model: Path, run_dir: Path, steps: int, save_every: int, delay: fl
         f"save_every={save_every}", "keep_last=null", "rollout.engine._target_=train.rollout.hf_engine.HFEngine",
         "reward._target_=tests.test_sweep.SlowVowelReward", f"reward.delay_s={delay}",
         "data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=6", "data.builtin_size=16",
-        "policy.precision=fp32", "experiment=preempt_test",
+        "policy.precision=fp32",
     ]  # fmt: skip
 
 
