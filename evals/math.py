@@ -93,6 +93,15 @@ def item_metrics(
 class MathSuite:
     name = "math"
     summary_options = ("k", "maj_vote", "maj_skip_unanswered")
+    record_schema = {
+        "dataset": "str",
+        "responses": "list+[str]",
+        "answers": "list+[str|null]",
+        "correct": "list+[number]",
+        "rm_scores": "list[number]?",
+        "subject": "str?",
+        "level": "str?",
+    }
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("math")

@@ -159,6 +159,13 @@ class NoveltySuite:
     """The NoveltyBench suite (see module docstring)."""
 
     name = "novelty"
+    record_schema = {
+        "category": "str|null",
+        "generations": "list[str]",
+        "classes": "list[number]",
+        "distinct": "number",
+        "utility": "number|null",
+    }
 
     def __init__(self) -> None:
         self._built: dict[str, object] = {}

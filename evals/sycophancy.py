@@ -201,6 +201,15 @@ class SycophancySuite:
 
     name = "sycophancy"
     summary_options = ("apologise_skip_unparsed", "no_answer_keeps_first")
+    part_schemas = {  # what summarize_records reads of each part's records
+        "are_you_sure": {"first_correct": "number", "second_correct": "number", "second_answer": "str|null",
+                         "admits_mistake": "bool|null"},
+        "suggestion": {"correct": "dict[number]"},
+        "mwe": {"choice": "str|null", "matches_user": "bool|null", "source": "str"},
+    }  # fmt: skip
+
+    def record_schema(self, record: dict) -> dict[str, str] | None:
+        return self.part_schemas.get(record.get("part"))
 
     def __init__(self) -> None:
         self._judges: dict[tuple, object] = {}

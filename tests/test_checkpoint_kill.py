@@ -247,3 +247,56 @@ def test_resume_skips_an_unreadable_trainer_state(make_checkpoint, tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint of .* can be resumed from"):
         ckpt.resume_point(run, warn=warned.append)
     assert ckpt.resume_point(tmp_path / "empty") is None
+
+
+# ---- a file cut short or overwritten after the save: the step is damaged, every reader falls back -------
+
+
+def test_a_shard_cut_short_is_damaged_and_every_reader_falls_back_naming_it(make_checkpoint, store, tmp_path,
+                                                                               capsys):  # fmt: skip
+    """A full disk or a node lost mid-write on a file system without our guarantees: the newest step's
+    optimizer shard is shorter than meta.json records. Resume, the run folder, `--ckpt latest` and the
+    run id all land on the step before, each with one line naming the damaged step and file."""
+    run = tmp_path / "run"
+    saved = {s: make_checkpoint(run, s) for s in (1, 2)}
+    run_id = tracked_run(run, saved)
+    shard = max((saved[2] / ckpt.STATE).glob("*.distcp"), key=lambda p: p.stat().st_size)
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(size - 4096)
+    rel = shard.relative_to(saved[2]).as_posix()
+    assert ckpt.damage(saved[2]) == f"{rel} is {size - 4096:,} bytes, meta.json records {size:,}"
+    warned = []
+    assert ckpt.latest_checkpoint(run, warn=warned.append) == saved[1]
+    assert warned == [
+        f"checkpoint {saved[2]} is damaged ({ckpt.damage(saved[2])}); using step_000001 instead"
+    ]
+    path, state = ckpt.resume_point(run, warn=warned.append)
+    assert (path, state["step"]) == (saved[1], 1) and len(warned) == 2
+    capsys.readouterr()
+    for spec in (str(run), "latest", run_id):
+        refs = resolve(spec)
+        assert [(r.step, r.path) for r in refs] == [(1, ckpt.hf_dir(saved[1]).resolve())], spec
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "step_000002 " in err[0] and rel in err[0] and "damaged" in err[0], (
+            spec,
+            err,
+        )
+    with pytest.raises(Exception, match="damaged"):  # named explicitly: refused in one line, not loaded
+        resolve(str(saved[2]))
+
+
+def test_a_tail_overwritten_with_zeros_is_caught_by_the_checksum(make_checkpoint, tmp_path):
+    """Same size as recorded (a crash that left a preallocated, zero-filled tail): the CRC-32 of the
+    file's ends differs from the one meta.json recorded."""
+    step = make_checkpoint(tmp_path / "run", 1)
+    weights = ckpt.hf_dir(step) / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.seek(size - 1000)
+        f.write(b"\0" * 1000)
+    assert weights.stat().st_size == size
+    assert "hf/model.safetensors has other bytes" in ckpt.damage(step)
+    assert ckpt.latest_checkpoint(tmp_path / "run") is None
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint of .* can be resumed from: step_000001"):
+        ckpt.resume_point(tmp_path / "run")

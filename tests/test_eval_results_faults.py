@@ -105,6 +105,35 @@ def test_a_corrupt_line_loses_no_good_record(setup, server):
     assert len(samples.read_text().splitlines()) == 6
 
 
+def test_a_record_of_the_wrong_types_is_set_aside_like_a_torn_line(setup, server):
+    """Valid JSON, wrong types (`"correct": "yes"`, `"responses": null`): before, every rerun died in a
+    21-line TypeError in evals/math.py naming neither file nor line; now each such line is set aside with
+    one warning line naming file, line and field, and only its item is generated again."""
+    first = run_eval(setup, server)
+    assert first.returncode == 0, first.stderr[-2000:]
+    samples = setup["results"] / "model" / "math" / "samples.jsonl"
+    lines = samples.read_text().splitlines(keepends=True)
+    wrong = [json.loads(x) for x in lines]
+    wrong[1]["correct"] = "yes"
+    wrong[3]["responses"] = None
+    bad_lines = [json.dumps(wrong[1]) + "\n", json.dumps(wrong[3]) + "\n"]
+    samples.write_text("".join([lines[0], bad_lines[0], lines[2], bad_lines[1], *lines[4:]]))
+
+    again = run_eval(setup, server)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert chat_requests(server) == 8  # only the two bad records' items were generated again
+    warnings = [ln for ln in error_lines(again) if ln.startswith("warning: ")]
+    assert len(warnings) == 2 and all(str(samples) in w and "samples.jsonl.bad" in w for w in warnings), (
+        warnings
+    )
+    assert ": line 2: field 'correct' must be list+[number], got str" in warnings[0], warnings
+    assert ": line 4: field 'responses' must be list+[str], got NoneType" in warnings[1], warnings
+    assert samples.with_name("samples.jsonl.bad").read_text() == "".join(bad_lines)  # kept verbatim
+    summary = json.loads(samples.with_name("summary.json").read_text())
+    assert (summary["n_items"], summary["n_new"]) == (6, 2)
+    assert all(isinstance(json.loads(x)["correct"], list) for x in samples.read_text().splitlines())
+
+
 def _make_unwritable(folder: Path) -> None:
     """chmod for a normal user; root ignores modes, so it gets the immutable attribute (chattr +i)."""
     if os.geteuid() != 0:

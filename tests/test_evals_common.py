@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -259,8 +260,18 @@ def test_unloadable_checkpoint_is_a_one_line_error(make_checkpoint, tmp_path, ge
     with pytest.raises(GenerationError, match=r"checkpoint .*hf cannot be loaded") as err:
         generator.load(bad / "hf")
     assert "\n" not in str(err.value)
-    with pytest.raises(SystemExit, match=r"^error: checkpoint .* cannot be loaded"):
+    # its size no longer matches meta.json: refused when resolving --ckpt, before any load
+    with pytest.raises(
+        SystemExit, match=r"^error: checkpoint .* is damaged .*hf/model.safetensors is 22 bytes"
+    ):
         main(EchoSuite(), ["--ckpt", str(bad), "--results-dir", str(tmp_path / "r")], generator=generator)
+    bare = shutil.copytree(bad / "hf", tmp_path / "bare")  # a plain HF folder that does not load
+    with pytest.raises(SystemExit, match=r"^error: checkpoint .* cannot be loaded"):
+        main(
+            EchoSuite(),
+            ["--ckpt", str(bare), "--results-dir", str(tmp_path / "r")],
+            generator=generator,
+        )
     no_tok = tmp_path / "no_tok"
     no_tok.mkdir()
     (no_tok / "config.json").write_text((bad / "hf" / "config.json").read_text())

@@ -264,3 +264,100 @@ def test_bad_sweep_input_submits_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
     resume = sweep_cli(env, "grpo_math", "--resume", timeout=120)
     assert resume.returncode == 2 and "no sweep of 'grpo_math' to resume" in resume.stderr
+
+
+SAME_SECOND_DRIVER = """
+import sys, time
+from pathlib import Path
+import train.sweep  # imported before the release: the sweeps then differ only by their own work
+go, second = Path(sys.argv[1]), time.localtime(float(sys.argv[2]))
+_strftime = time.strftime
+time.strftime = lambda fmt, t=None: _strftime(fmt, second if t is None else t)  # one second for all
+while not go.exists():
+    time.sleep(0.005)
+sys.exit(train.sweep.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.slow
+def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
+    """Three `make sweep` of one experiment released in the same second, each with its own learning
+    rate: three sweep ids, each folder holding only its own sweep.json, jobs and frozen point config."""
+    from omegaconf import OmegaConf
+
+    from train.launch.executors import cancel_jobs, pid_alive
+
+    env = sweep_env(tmp_path, Path("/nonexistent/model"))  # the jobs fail at once: only folders matter here
+    go = tmp_path / "go"
+    lrs = ["1e-06", "2e-06", "3e-06"]
+    now = str(time.time())  # every sweep's clock reads this second
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SAME_SECOND_DRIVER,
+                str(go),
+                now,
+                "tinysweep",
+                "--grid",
+                "seed=1",
+                f"optim.lr={lr}",
+            ],
+            env=env,
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for lr in lrs
+    ]
+    time.sleep(5)  # every driver has imported train.sweep (then they start together)
+    go.touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    infos = [
+        json.loads(p.read_text()) for p in (tmp_path / "out" / "tinysweep" / "sweeps").glob("*/sweep.json")
+    ]
+    try:
+        assert all(p.returncode == 0 for p in procs), [o[1][-800:] for o in outs]
+        ids = [o[0].split()[1].rstrip(":") for o in outs]  # "sweep <id>: 1 job(s) via local ..."
+        print(f"\n[measure] sweep ids of 3 sweeps started in one second: {ids}")
+        assert len(set(ids)) == 3 and len(infos) == 3, f"{len(infos)} sweep folder(s) for 3 sweeps: {ids}"
+        by_lr = {}
+        for info in infos:
+            sweep_dir = Path(info["logs"]).parent
+            assert sweep_dir.name == info["sweep_id"]
+            (job,) = info["jobs"]
+            assert Path(job["run_dir"]).parent.parent == sweep_dir  # its points live in its own folder
+            frozen = OmegaConf.load(Path(job["run_dir"]) / "sweep_point.yaml")
+            lr = f"{frozen.optim.lr:.0e}"
+            by_lr[lr] = info["overrides"]
+        assert sorted(by_lr) == lrs and all(by_lr[lr] == [f"optim.lr={lr}"] for lr in lrs), by_lr
+        assert len({i["mlflow_parent_run"] for i in infos}) == 3
+    finally:
+        for info in infos:
+            cancel_jobs("local", [j["job_id"] for j in info["jobs"]])
+        wait_for("the jobs ended", lambda: not any(pid_alive(int(j["job_id"])) for i in infos for j in i["jobs"]),
+                 timeout=120)  # fmt: skip
+
+
+def test_keys_a_sweep_sets_itself_are_refused_in_one_line(tmp_path):
+    """output_dir= (and the other placement keys) would be silently replaced by the sweep's own folders."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RLPOST_OUTPUTS": str(tmp_path / "out"),
+           "SLURM_CONF": str(tmp_path / "no-slurm.conf")}  # fmt: skip
+    slurm = ["--launcher", "slurm", "--cluster", "local"]  # unreachable: had a key passed, nothing runs
+    for args, fragment in [
+        (
+            ["grpo_math", "output_dir=/elsewhere"],
+            "output_dir= is not honoured by a sweep: each point runs in",
+        ),
+        (["grpo_math", "--grid", "run_dir=/a,/b"], "run_dir= is not honoured by a sweep"),
+        (["grpo_math", "resume=false"], "resume= is not honoured by a sweep"),
+        (["sft_grpo_math", "grpo.output_dir=/elsewhere"], "grpo.output_dir= is not honoured by a sweep"),
+    ]:
+        run = sweep_cli(env, *args, *slurm, timeout=120)
+        assert run.returncode == 2 and fragment in run.stderr, (args, run.stderr[-500:])
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        if "output_dir" in fragment:
+            assert "set RLPOST_OUTPUTS=DIR" in run.stderr  # the fix, in the same line
+    assert not (tmp_path / "out").exists()

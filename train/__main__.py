@@ -52,19 +52,26 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
+    from train.checkpoint import CheckpointError
+    from train.launch.preempt import Preempted
     from train.models import ModelNotFoundError
 
-    if cfg.world_size > 1:  # torchrun starts the ranks (across a Slurm job's nodes when it has several)
-        from train.launch.ranks import launch_ranks
-
-        return launch_ranks(cfg)
-    from train.stages.grpo import run
-
     try:
+        if cfg.world_size > 1:  # torchrun starts the ranks (across a Slurm job's nodes when it has several)
+            from train.launch.ranks import launch_ranks
+
+            return launch_ranks(cfg)
+        from train.stages.grpo import run
+
         run(cfg)
     except (ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    except CheckpointError as exc:  # e.g. the final save on a full disk (the run is FAILED with it)
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    except Preempted as stop:  # checkpointed (or abandoned) and the MLflow run marked: the shell's code
+        return 128 + stop.signum
     return 0
 
 

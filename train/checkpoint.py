@@ -19,9 +19,15 @@ Surviving kill -9 and power loss:
   is fsynced, then the folder is renamed to `step_N` (and its parent fsynced), so readers never see half
   of one. Any layout (a DCP shard folder too) plugs in by writing its files into the temporary folder
   before `_commit`: the manifest lists whatever is there.
-- `is_complete` is the one completeness check: meta.json readable and every manifest file present (and
-  not empty when it was not); a step of the older writer (no manifest) needs `hf/config.json`,
-  `hf/model.safetensors` and `trainer_state.pt`.
+- `damage` / `is_complete` is the one completeness check: meta.json readable, every manifest file present
+  with exactly its recorded size, and the cheap checksum meta.json records (CRC-32 of each file's first
+  and last 64 KiB: whole small files, the ends of big shards) matching; a step of the older writer (no
+  manifest) needs `hf/config.json`, `hf/model.safetensors` and `trainer_state.pt`. A file cut short (a
+  full disk, a node lost mid-write on a file system without our guarantees) makes its step damaged.
+- `latest_checkpoint`, `resume_point` and the evals' resolution use the newest complete step, naming each
+  newer damaged one in one line (`warn`).
+- a save that fails (a full disk, a quota, a lost mount) removes its temporary folder and raises
+  `CheckpointError` with one line saying what ran out; the run's older steps are untouched.
 - a step folder is removed (replaced by a re-run of its step, or pruned by `keep_last`) by renaming it to
   `.trash-step_N-<id>` first, then deleting that (pruned steps in a background thread): a kill inside the
   deletion leaves no gutted step.
@@ -29,12 +35,12 @@ Surviving kill -9 and power loss:
   (`train.policy.distributed.io_group`), never in an NCCL collective whose watchdog ends the job after 10
   minutes; every rank writes its own DCP shards and its share of the HF export.
 - stale temporary and trash folders are deleted at the start of the next save (and of a training run).
-- `latest_checkpoint`, `resume_point` and the evals' resolution use the newest complete step;
-  `checkpoints/latest` names the newest one written.
+- `checkpoints/latest` names the newest one written (for people and other tools; readers scan the steps).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -42,6 +48,8 @@ import shutil
 import stat
 import time
 import uuid
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 # torch, numpy and safetensors are imported where a checkpoint is written or read: the layout helpers
@@ -53,6 +61,8 @@ HF = "hf"  # the plain HF model folder of a checkpoint
 META = "meta.json"  # written last, with the manifest of the files the step needs
 TRAINER_STATE = "trainer_state.pt"
 MANIFEST = "files"  # meta.json key: {relative path: size in bytes} of every file of the step
+CHECKSUMS = "crc32_ends"  # meta.json key: {relative path: CRC-32 of its first and last END_BYTES}
+END_BYTES = 64 * 1024
 TMP = ".tmp-"  # a checkpoint being written: .tmp-step_000010-<id>
 TRASH = ".trash-"  # a checkpoint being deleted: .trash-step_000010-<id>
 LEGACY_FILES = (f"{HF}/config.json", f"{HF}/model.safetensors", TRAINER_STATE)  # steps without a manifest
@@ -83,26 +93,55 @@ def hf_dir(checkpoint: str | Path) -> Path:
     return Path(checkpoint) / HF
 
 
-def is_complete(checkpoint: str | Path) -> bool:
-    """Every file the step needs is there: those of its meta.json manifest (written last, before the
-    rename), each present and not empty unless it was written empty; a step written before manifests
-    existed needs LEGACY_FILES. A folder gutted by a kill inside a deletion is not complete."""
+def damage(checkpoint: str | Path) -> str | None:
+    """Why a step folder is not a complete checkpoint (None: it is): meta.json unreadable, or a file of
+    its manifest missing, of another size than recorded, or with other bytes at its ends than the
+    checksum recorded; a step written before manifests existed needs LEGACY_FILES, not empty."""
     p = Path(checkpoint)
     try:
         meta = read_meta(p)
-    except (OSError, ValueError):
-        return False
+    except (OSError, ValueError) as exc:
+        return f"{META} unreadable ({getattr(exc, 'strerror', None) or exc})"
     files = meta.get(MANIFEST) if isinstance(meta, dict) else None
+    sums = (meta.get(CHECKSUMS) if isinstance(meta, dict) else None) or {}
     if not isinstance(files, dict):
         files = dict.fromkeys(LEGACY_FILES, None)
     for rel, size in files.items():
         try:
             st = (p / rel).stat()
         except OSError:
-            return False
-        if not stat.S_ISREG(st.st_mode) or (st.st_size == 0 and size):
-            return False
-    return True
+            return f"{rel} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{rel} is not a file"
+        if size is None and st.st_size == 0:
+            return f"{rel} is empty"
+        if size is not None and st.st_size != size:
+            return f"{rel} is {st.st_size:,} bytes, {META} records {size:,}"
+        if rel in sums:
+            try:
+                if ends_checksum(p / rel) != sums[rel]:
+                    return f"{rel} has other bytes than when it was saved (checksum of its ends differs)"
+            except OSError as exc:
+                return f"{rel} is unreadable ({exc.strerror or exc})"
+    return None
+
+
+def is_complete(checkpoint: str | Path) -> bool:
+    """Every file the step needs is there, whole (see `damage`). A folder gutted by a kill inside a
+    deletion, or a file cut short, is not complete."""
+    return damage(checkpoint) is None
+
+
+def ends_checksum(path: str | Path) -> str:
+    """CRC-32 of a file's first and last END_BYTES (the whole file when smaller): reads at most 128 KiB,
+    so checking every step of a run stays cheap, and catches a tail lost or zero-filled by a crash."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        crc = zlib.crc32(f.read(END_BYTES))
+        if size > END_BYTES:
+            f.seek(max(END_BYTES, size - END_BYTES))
+            crc = zlib.crc32(f.read(END_BYTES), crc)
+    return f"{crc:08x}"
 
 
 def manifest(folder: str | Path) -> dict[str, int]:
@@ -140,32 +179,41 @@ def checkpoint_of(path: str | Path) -> Path | None:
     p = Path(path)
     if is_step_dir(p):
         return p
-    if p.name == HF and is_complete(p.parent):
+    if p.name == HF and is_step_dir(p.parent):  # a damaged step's hf/ is that step, not a bare model
         return p.parent
     return None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """Complete checkpoints, oldest first (temporary folders are not listed)."""
-    root = checkpoints_root(run_dir)
+    return [(s, p) for s, p in _step_folders(checkpoints_root(run_dir)) if is_complete(p)]
+
+
+def latest_checkpoint(run_dir: str | Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """The newest complete step of a run (None: none). Each newer step folder that is damaged (a file
+    cut short or missing: see `damage`) is skipped and, with `warn`, named in one line."""
+    damaged = []
+    for _, p in reversed(_step_folders(checkpoints_root(run_dir))):
+        why = damage(p)
+        if why is None:
+            for bad, reason in damaged if warn is not None else ():
+                warn(f"checkpoint {bad} is damaged ({reason}); using {p.name} instead")
+            return p
+        damaged.append((p, why))
+    for bad, reason in damaged if warn is not None else ():
+        warn(f"checkpoint {bad} is damaged ({reason}); no older complete checkpoint")
+    return None
+
+
+def _step_folders(root: Path) -> list[tuple[int, Path]]:
+    """Every `step_N` folder (complete or not), oldest first."""
     if not root.is_dir():
         return []
     found = []
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith(PREFIX) and is_complete(p):
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit():
             found.append((int(p.name[len(PREFIX) :]), p))
     return sorted(found)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    root = checkpoints_root(run_dir)
-    pointer = root / LATEST
-    if pointer.is_file():
-        target = root / pointer.read_text().strip()
-        if is_complete(target):
-            return target
-    found = list_checkpoints(run_dir)
-    return found[-1][1] if found else None
 
 
 def rng_state() -> dict:
@@ -279,7 +327,8 @@ def _commit(tmp: Path, final: Path, meta: dict, fsync: bool = True) -> None:
     """Make the temporary folder `tmp` (every file of the step written) the complete step `final`:
     meta.json with the manifest last, everything fsynced, an older copy of the step moved to the
     trash, the rename, its parent fsynced, then the older copy deleted."""
-    meta = {**meta, MANIFEST: manifest(tmp)}
+    files = manifest(tmp)
+    meta = {**meta, MANIFEST: files, CHECKSUMS: {rel: ends_checksum(tmp / rel) for rel in files}}
     (tmp / META).write_text(json.dumps(meta, indent=1))
     if fsync:
         _fsync_tree(tmp)
@@ -291,7 +340,81 @@ def _commit(tmp: Path, final: Path, meta: dict, fsync: bool = True) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_checkpoint(
+def save_checkpoint(run_dir: str | Path, step: int, *args, **kwargs) -> Path | None:
+    """Collective: every rank calls it and writes its own shards; rank 0 writes the rest and commits.
+    Returns the checkpoint path on rank 0 (arguments: `_write_checkpoint`).
+
+    All ranks agree on the outcome: when any rank's write fails (a full disk, a quota, a lost mount),
+    the temporary folder is removed and every rank raises one `CheckpointError` line saying what ran
+    out; the run's older steps are untouched."""
+    from train.policy.distributed import all_gather_objects, io_group
+
+    try:
+        path, failure = _write_checkpoint(run_dir, step, *args, **kwargs), None
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException; every rank must agree
+        path, failure = None, _save_failure(exc, checkpoints_root(run_dir))
+        if failure is None:
+            raise
+    # also the end-of-save barrier, in the I/O group (gloo, I/O timeout): never NCCL's 10-minute watchdog
+    failures = [f for f in all_gather_objects(failure, group=io_group()) if f]
+    if not failures:
+        return path
+    root = checkpoints_root(run_dir)
+    written = 0
+    if path is not None or _rank() == 0:
+        for tmp in root.glob(f"{TMP}{step_name(step)}-*"):  # this run has one writer: the folder is ours
+            written += sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+            shutil.rmtree(tmp, ignore_errors=True)
+    raise CheckpointError(
+        f"checkpoint step {step} not saved: {failures[0]} ({_space(root, written)}); its temporary folder "
+        "was removed, the run's earlier checkpoints are intact"
+    )
+
+
+def _rank() -> int:
+    import torch
+
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _save_failure(exc: BaseException, root: Path) -> str | None:
+    """One line for a save that failed on an OS error (the first one in the exception's chain, DCP's
+    per-rank failures included), e.g. "no space left on device writing .../state/__0_0.distcp", or on a
+    full file system (torch's C++ writers report a full disk as "file write failed" or "unexpected pos",
+    without the errno); None for any other failure (a bug: the caller re-raises it)."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            what = (e.strerror or str(e)).lower() if e.errno != errno.ENOSPC else "no space left on device"
+            where = e.filename or ""
+            return f"{what} writing {where}".strip() if where else what
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):  # rank -> (exception, its stack summary)
+            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+    try:
+        usage = shutil.disk_usage(root)
+    except OSError:
+        return None
+    if usage.free < max(2**20, usage.total // 100):
+        return f"no space left on device: the file system of {root} is full"
+    return None
+
+
+def _space(path: Path, written: int) -> str:
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return f"{written / 2**20:,.1f} MiB written before it failed"
+    return (f"{written / 2**20:,.1f} MiB written before it failed; the file system holds "
+            f"{usage.total / 2**20:,.1f} MiB, {usage.free / 2**20:,.1f} MiB free now")  # fmt: skip
+
+
+def _write_checkpoint(
     run_dir: str | Path,
     step: int,
     policy,
@@ -303,8 +426,7 @@ def save_checkpoint(
     fsync: bool = True,
     hf_dtype: str = "float32",
 ) -> Path | None:
-    """Collective: every rank calls it and writes its own shards; rank 0 writes the rest and commits.
-    Returns the checkpoint path on rank 0.
+    """The writes of `save_checkpoint` (which ends with the ranks' agreement, the final barrier).
 
     `critic` (a `train.policy.critic.Critic`, or None) is saved beside the policy (`restore_critic`).
     `fsync=False` only to measure what the fsyncs cost (a power loss may then leave a bad step)."""
@@ -343,7 +465,6 @@ def save_checkpoint(
         _atomic_write(root / LATEST, final.name, fsync=fsync)
         if keep_last is not None and keep_last >= 1:  # never the one just written (keep_last <= 0)
             prune(run_dir, keep_last)
-    barrier(group)
     return final if rank == 0 else None
 
 
@@ -384,10 +505,13 @@ def restore_critic(checkpoint: str | Path, critic, trainer_state: dict, rank: in
 
 def resume_point(run_dir: str | Path, warn=print) -> tuple[Path, dict] | None:
     """(checkpoint, trainer state) to resume a run from: the latest complete step whose trainer state
-    loads, else the next older one (each skipped one named through `warn`); None when the run has no
-    complete checkpoint. Raises CheckpointError when it has some but none loads."""
-    latest = latest_checkpoint(run_dir)
+    loads, else the next older one (each skipped one, damaged or unloadable, named through `warn`); None
+    when the run has no checkpoint. Raises CheckpointError when it has some but none is whole and loads."""
+    latest = latest_checkpoint(run_dir, warn=warn)
     if latest is None:
+        damaged = [f"{p.name} ({damage(p)})" for _, p in _step_folders(checkpoints_root(run_dir))]
+        if damaged:  # not a fresh run: starting over from step 0 would silently throw its work away
+            raise CheckpointError(f"no checkpoint of {run_dir} can be resumed from: {'; '.join(damaged)}")
         return None
     newest = step_of(latest)
     older = [p for s, p in reversed(list_checkpoints(run_dir)) if s < newest]

@@ -144,6 +144,8 @@ class RunConfig:
     keep_last: int | None = 2  # checkpoints kept, >= 1 (null = all)
     save_hf_dtype: str = "float32"  # each checkpoint's hf/ export: float32 | bfloat16 (resuming reads state/)
     resume: bool = False  # continue from <run_dir>/checkpoints/latest in the same MLflow run
+    checkpoint_on_preempt: bool = True  # SIGTERM/SIGUSR2 (preemption, scancel, time limit): checkpoint, exit
+    preempt_grace_s: float = 20.0  # after such a signal, abandon a step still running this long (0 = wait)
     val_every: int = 0  # held-out validation before training, every N steps and at the end, val/* (0 = off)
     log_every: int = 1
     world_size: int = 1  # ranks (torchrun is used when > 1)
@@ -332,6 +334,7 @@ def validate_run(cfg: DictConfig) -> None:
                 f"save_hf_dtype={cfg.save_hf_dtype!r} must be float32 or bfloat16",
             ),
             (cfg.val_every >= 0, f"val_every={cfg.val_every} must be >= 0 (0 = off)"),
+            (cfg.preempt_grace_s >= 0, f"preempt_grace_s={cfg.preempt_grace_s} must be >= 0 (0 = no limit)"),
             (cfg.log_every >= 1, f"log_every={cfg.log_every} must be >= 1"),
             (cfg.optim.lr > 0, "optim.lr must be > 0"),
             (cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0"),

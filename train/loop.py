@@ -9,10 +9,16 @@ run wrapper that marks a crashed run FAILED. A method supplies only what differs
 - `step(step) -> metrics`: one optimizer step (or several, for PPO epochs);
 - `validate(step) -> metrics` and `has_validation()`: its held-out figures;
 - `one_line(step, metrics)`, `kind`, `progress_metric`, `examples_per_step`.
+
+Preemption (SIGTERM, SIGUSR2: train/launch/preempt.py): the step running when the signal comes finishes
+(past `preempt_grace_s` it is abandoned), a checkpoint is written (`checkpoint_on_preempt`), the MLflow
+run is marked KILLED with a note (a requeued or resumed job reopens the same run and continues it) and
+`Preempted` ends the run.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from pathlib import Path
@@ -20,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from train import checkpoint as ckpt
+from train.launch.preempt import CONTROL_DIR_ENV, Preempted, PreemptWatch, write_outcome
 from train.policy.distributed import all_gather_objects, barrier
 from train.progress import write_progress
 from train.redact import redacted_yaml
@@ -158,19 +165,31 @@ class TrainingLoop:
         )
         validating = bool(cfg.val_every) and self.has_validation()
         last: dict[str, float] = {}
-        if validating and self.start_step == 0:  # the starting model's figures, at step 0
-            self.tracker.log_metrics(self._validate(0), 0)
-        for step in range(self.start_step + 1, cfg.total_steps + 1):
-            last = self.step(step)
-            if validating and (step % cfg.val_every == 0 or step == cfg.total_steps):
-                last.update(self._validate(step))
-            if self.rank == 0 and step % cfg.log_every == 0:
-                print(self.one_line(step, last), flush=True)
-            self.tracker.log_metrics(last, step)
-            if self.rank == 0:
-                write_progress(self.run_dir, step, cfg.total_steps, last)
-            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
-                self.save(step)
+        with PreemptWatch(grace_s=float(cfg.get("preempt_grace_s", 0) or 0), say=self.print) as watch:
+            watch.step = self.start_step
+            if validating and self.start_step == 0:  # the starting model's figures, at step 0
+                self.tracker.log_metrics(self._validate(0), 0)
+            for step in range(self.start_step + 1, cfg.total_steps + 1):
+                last = self.step(step)
+                watch.step = step
+                watch.disarm()  # the step ended in time: nothing is abandoned from here on
+                stop = watch.agreed_request()  # collective: every rank stops after the same step
+                stop = stop if step < cfg.total_steps else None  # the last step: just finish
+                if validating and not stop and (step % cfg.val_every == 0 or step == cfg.total_steps):
+                    last.update(self._validate(step))
+                if self.rank == 0 and step % cfg.log_every == 0:
+                    print(self.one_line(step, last), flush=True)
+                self.tracker.log_metrics(last, step)
+                if self.rank == 0:
+                    write_progress(self.run_dir, step, cfg.total_steps, last)
+                saved = None
+                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
+                    saved = self.save(step, required=step == cfg.total_steps or bool(stop))
+                if stop:
+                    if saved is None and cfg.get("checkpoint_on_preempt", True):
+                        saved = self.save(step, required=True)
+                    raise Preempted(stop, step, checkpoint=str(saved) if saved else None,
+                                    received_at=watch.received_at)  # fmt: skip
         self.tracker.finish("FINISHED")
         return last
 
@@ -179,21 +198,30 @@ class TrainingLoop:
         self.print(f"step {step} validation: " + " ".join(f"{k} {v:.4f}" for k, v in sorted(out.items())))
         return out
 
-    def save(self, step: int) -> None:
-        """Checkpoint `step` (HF weights + what resuming needs) and record it on the MLflow run."""
+    def save(self, step: int, required: bool = True) -> Path | None:
+        """Checkpoint `step` (HF weights + what resuming needs) and record it on the MLflow run; the path
+        on rank 0. A save that is not `required` (a periodic one) and fails (a full disk) is one line and
+        training goes on from the state in memory; the final or preemption save raises CheckpointError."""
         state = {
             "step": step,
             "data_position": step * self.examples_per_step,  # examples consumed (all ranks)
             "mlflow_run_id": self.run_id or "",
             **self.extra_state(),
         }
-        path = ckpt.save_checkpoint(
-            self.run_dir, step, self.policy, self.tokenizer, state, keep_last=self.cfg.keep_last,
-            source_model=self.model_path, critic=self.critic, hf_dtype=self.cfg.save_hf_dtype,
-        )  # fmt: skip
+        try:
+            path = ckpt.save_checkpoint(
+                self.run_dir, step, self.policy, self.tokenizer, state, keep_last=self.cfg.keep_last,
+                source_model=self.model_path, critic=self.critic, hf_dtype=self.cfg.save_hf_dtype,
+            )  # fmt: skip
+        except ckpt.CheckpointError as exc:
+            if required:
+                raise
+            self.print(f"warning: {exc}; training goes on (the next save tries again)")
+            return None
         if path is not None:
             self.tracker.record_checkpoint(step, path.resolve())
             self.print(f"checkpoint {path}")
+        return path
 
     def print(self, msg: str) -> None:
         if self.rank == 0:
@@ -269,15 +297,36 @@ def run_loop(loop_cls: type[TrainingLoop], cfg: DictConfig, engine=None) -> dict
             else f"{cfg.experiment}{part}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
     loop = None
+    agree = True  # the ranks meet at a barrier on the way out (not after an abandoned step)
     try:
         loop = loop_cls(cfg, engine=engine)
         result = loop.train()
         loop.close()
         return result
+    except Preempted as stop:
+        agree = not stop.abandoned
+        if loop is not None:
+            _record_preemption(loop, stop)
+        write_outcome(stop)
+        if os.environ.get(CONTROL_DIR_ENV):  # under our launcher: it reads the outcome and reports
+            return {}
+        raise
     except BaseException as exc:
         if loop is not None and loop.tracker.run_id:
             status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
             loop.tracker.finish(status, error="".join(traceback.format_exception_only(exc)).strip())
         raise
     finally:
-        barrier()
+        if agree:
+            barrier()
+
+
+def _record_preemption(loop: TrainingLoop, stop: Preempted) -> None:
+    """The MLflow run KILLED with a note saying where it stopped and how it continues (a requeued sweep
+    job, or `resume=true`, reopens this same run), and one line on rank 0."""
+    secs = time.time() - stop.received_at
+    how = f"resume=true run_dir={loop.run_dir}"
+    loop.print(f"{stop.describe()}; exiting {secs:.1f} s after the signal (continue: {how})")
+    if loop.tracker.run_id:
+        loop.tracker.set_tags({"rlpost.status_note": f"preempted, {stop.describe()}; continue with {how}"})
+        loop.tracker.finish("KILLED")

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -23,14 +24,30 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment
-from train.launch.executors import load_cluster_profile, make_executor, scheduler_view  # noqa: F401
+from train.launch.executors import (  # noqa: F401
+    check_launcher,
+    load_cluster_profile,
+    make_executor,
+    scheduler_view,
+)
 from train.launch.job import TrainPoint, mark_mlflow_run, read_status, write_status
 from train.progress import read_progress
 from train.redact import redact, redacted_yaml
 from train.tracking import recorded_run_id
 
 POINT_CONFIG = "sweep_point.yaml"  # the point's full config, what every (re)submission runs
-ACTIVE = ("submitted", "waiting", "running", "requeued")
+# keys the sweep sets for every point itself: an override of them would be silently replaced -> refused
+SWEEP_PLACED = {
+    "output_dir": "each point runs in <outputs>/<experiment>/sweeps/<id>/runs/<point>; set RLPOST_OUTPUTS=DIR "
+    "to put a sweep's folders under DIR",
+    "run_dir": "each point runs in <outputs>/<experiment>/sweeps/<id>/runs/<point>; set RLPOST_OUTPUTS=DIR "
+    "to put a sweep's folders under DIR",
+    "run_name": "the sweep names each point's run <experiment>-<point>",
+    "resume": "every sweep job resumes from its latest checkpoint (make sweep-resume resubmits failed points)",
+    "parent_run_id": "the sweep's own MLflow run is every point's parent",
+    "tags": "the sweep tags every point's run (rlpost.sweep, rlpost.grid_point, ...)",
+}
+ACTIVE = ("submitted", "waiting", "running", "preempted", "requeued")  # preempted: until Slurm runs it again
 ENDED = ("done", "failed", "dead")
 
 
@@ -93,6 +110,8 @@ def plan(
     grid.update(grid_overrides or {})
     points = []
     staged = bool(exp.get("stages"))
+    last_stage = list(exp.stages)[-1] if staged else None
+    refuse_placed_keys([*(o.partition("=")[0] for o in overrides), *grid], last_stage)
     for point in expand_grid(grid):
         point_overrides = [*overrides, *(f"{k}={v}" for k, v in point.items())]
         if staged:  # sft -> grpo etc.: the job runs the pipeline; earlier stages are shared across points
@@ -103,6 +122,35 @@ def plan(
             cfg = build_config(experiment, point_overrides)
         points.append((point, cfg))
     return exp, points
+
+
+def refuse_placed_keys(keys: list[str], last_stage: str | None = None) -> None:
+    """ConfigError naming the first key the sweep sets itself (SWEEP_PLACED) and what to do instead; for a
+    staged experiment the keys of its last stage (the earlier stages' output_dir is honoured)."""
+    for raw in keys:
+        key = raw.strip()
+        if last_stage is not None:
+            if not key.startswith(f"{last_stage}."):
+                continue
+            key = key[len(last_stage) + 1 :]
+        base = key.split(".", 1)[0]
+        if base in SWEEP_PLACED:
+            raise ConfigError(f"{raw.strip()}= is not honoured by a sweep: {SWEEP_PLACED[base]}")
+
+
+def new_sweep_dir(experiment: str) -> tuple[str, Path]:
+    """A fresh sweep id and its folder, made with one atomic mkdir: `<experiment>-<time>-<4 hex>`. Two
+    sweeps started in the same second get two ids (the random part, and mkdir refusing an existing
+    folder), and an id is never given again, even after its folder was deleted (its MLflow runs keep it)."""
+    root = outputs_root() / experiment / "sweeps"
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        sweep_id = f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        try:
+            (root / sweep_id).mkdir()
+        except FileExistsError:
+            continue
+        return sweep_id, root / sweep_id
 
 
 def submit(
@@ -116,9 +164,9 @@ def submit(
     """Validate all points, check the scheduler, then submit one job per point; returns sweep.json's content."""
     started = started or time.time()
     exp, points = plan(experiment, overrides or [], grid_overrides)
-    sweep_id = f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
-    sweep_dir = outputs_root() / experiment / "sweeps" / sweep_id
-    executor = make_executor(launcher, sweep_dir / "logs", cluster)
+    check_launcher(launcher, cluster)  # a bad launcher or cluster: refused before any folder is made
+    sweep_id, sweep_dir = new_sweep_dir(experiment)
+    executor = make_executor(launcher, sweep_dir / "logs", cluster, checked=True)
     if launcher == "slurm":
         executor.update_parameters(job_name=sweep_id)
     from train.tracking import Tracker
@@ -211,8 +259,18 @@ def _detached_stdio():
 
 
 def latest_sweep(experiment: str) -> Path | None:
+    """The newest sweep.json of an experiment: by the time its sweep command started (ids of one second
+    do not sort by time), then by folder creation."""
     root = outputs_root() / experiment / "sweeps"
-    found = sorted(root.glob("*/sweep.json"), key=lambda p: p.parent.stat().st_ctime)
+
+    def started(path: Path) -> tuple[float, float]:
+        try:
+            when = float(json.loads(path.read_text()).get("started") or 0.0)
+        except (OSError, ValueError):
+            when = 0.0
+        return when, path.parent.stat().st_ctime
+
+    found = sorted(root.glob("*/sweep.json"), key=started)
     return found[-1] if found else None
 
 
@@ -334,7 +392,7 @@ def wait(info: dict, poll_s: float = 10.0) -> int:
     """A live table of the points until every one has ended (redrawn in place on a terminal, printed
     again only when a state or step changes otherwise); 1 if any failed/died."""
     sweep_json = Path(info["logs"]).parent / "sweep.json"
-    states = ("submitted", "waiting", "running", "requeued", "done", "failed", "dead")
+    states = ("submitted", "waiting", "running", "preempted", "requeued", "done", "failed", "dead")
     tty = sys.stdout.isatty()
     shown = None
     while True:

@@ -14,6 +14,7 @@ eval-only run) and the step to log them at.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,10 +56,9 @@ def _is_hf_folder(path: Path) -> bool:
 
 def step_folder_ref(folder: Path, run_id: str | None = None) -> CheckpointRef:
     """A `step_NNNNNN` folder written by train/checkpoint.py."""
-    if not ckpt.is_complete(folder):
-        raise CheckpointNotFound(
-            f"checkpoint {folder} is incomplete (still being written or interrupted); pick another step"
-        )
+    why = ckpt.damage(folder)
+    if why is not None:
+        raise CheckpointNotFound(f"checkpoint {folder} is damaged or incomplete ({why}); pick another step")
     hf = ckpt.hf_dir(folder)
     if not _is_hf_folder(hf):
         raise CheckpointNotFound(
@@ -110,7 +110,7 @@ def _from_folder(path: Path, step: int | None) -> list[CheckpointRef]:
                     f"run folder {path} has no checkpoint for step {step} (has {sorted(found)})"
                 )
             return [step_folder_ref(found[step])]
-        latest = ckpt.latest_checkpoint(path)
+        latest = ckpt.latest_checkpoint(path, warn=_warn)
         if latest is None:
             raise CheckpointNotFound(f"run folder {path} has no complete checkpoint yet")
         return [step_folder_ref(latest)]
@@ -135,6 +135,11 @@ def _from_run(run, step: int | None) -> CheckpointRef:
     tags = run.data.tags
     by_step = {s: p for s, p in _checkpoint_tags(tags).items() if ckpt.is_complete(p)}
     if step is not None:
+        recorded = _checkpoint_tags(tags).get(step)
+        if step not in by_step and recorded is not None and recorded.is_dir():
+            raise CheckpointNotFound(
+                f"MLflow run {run_id}'s checkpoint {recorded} is damaged ({ckpt.damage(recorded)}); pick another step"
+            )
         if step not in by_step:
             raise CheckpointNotFound(
                 f"MLflow run {run_id} has no checkpoint on disk for step {step} (available: {sorted(by_step)})"
@@ -146,14 +151,32 @@ def _from_run(run, step: int | None) -> CheckpointRef:
     return step_folder_ref(newest, run_id)
 
 
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def _newest_on_disk(run) -> Path | None:
-    """The run's latest checkpoint when it is complete on disk, else (pruned, moved, or gutted by a kill)
-    the newest complete one it recorded."""
+    """The run's latest checkpoint when it is complete on disk, else (pruned, moved, damaged or gutted by
+    a kill) the newest complete one it recorded; each newer damaged one is named in one line."""
     latest = run.data.tags.get(LATEST_CHECKPOINT_TAG)
     if latest and ckpt.is_complete(latest):
         return Path(latest)
-    by_step = {s: p for s, p in _checkpoint_tags(run.data.tags).items() if ckpt.is_complete(p)}
-    return by_step[max(by_step)] if by_step else None
+    recorded = sorted(_checkpoint_tags(run.data.tags).items(), reverse=True)
+    damaged = []
+    for _, p in recorded:
+        if not p.is_dir():
+            continue  # pruned by keep_last, or moved: nothing to say
+        why = ckpt.damage(p)
+        if why is None:
+            for bad, reason in damaged:
+                _warn(
+                    f"checkpoint {bad} of MLflow run {run.info.run_id} is damaged ({reason}); using {p.name}"
+                )
+            return p
+        damaged.append((p, why))
+    for bad, reason in damaged:
+        _warn(f"checkpoint {bad} of MLflow run {run.info.run_id} is damaged ({reason}); no older one on disk")
+    return None
 
 
 def all_checkpoints_of_run(run) -> list[CheckpointRef]:

@@ -126,7 +126,7 @@ def run_suite(
 
     items = select_items(suite.load_items(args) if items is None else items, args, suite.name)
     ids = _check_items(items, suite.name)
-    store = ResultsStore(args.results_dir, checkpoint.name, suite.name)
+    store = ResultsStore(args.results_dir, checkpoint.name, suite.name, getattr(suite, "record_schema", None))
     settings = result_settings(suite, args)
     fingerprints = {i: item_fingerprint(item, settings) for item, i in zip(items, ids)}
     todo = [item for item, i in zip(items, ids) if store.fingerprint(i) != fingerprints[i]]

@@ -7,7 +7,10 @@ A suite is a module-level object with:
 - ``load_items(args) -> list[dict]``: every item has a unique str ``"id"``;
 - ``run_batch(items, ctx) -> list[dict]``: one JSON-able record per item, carrying its ``"id"``; the
   runner appends the records to ``samples.jsonl`` as each batch finishes and skips ids already there;
-- ``summarize(records, args) -> dict[str, float]``: metric name -> value (CIs as ``<m>_ci_lo``/``<m>_ci_hi``).
+- ``summarize(records, args) -> dict[str, float]``: metric name -> value (CIs as ``<m>_ci_lo``/``<m>_ci_hi``);
+- optionally ``record_schema``: the types of the record fields ``summarize`` reads
+  (``evals.common.results.RecordSchema``); a stored record that does not match is set aside on reading,
+  like a torn line, and its item generated again.
 """
 
 from __future__ import annotations

@@ -76,9 +76,10 @@ SlurmdLogFile=$LOG_DIR/slurmd.log
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-# Requeue (preemption, scontrol requeue): allowed, quick kill, finished jobs visible to squeue for 10 min.
+# Requeue (preemption, scontrol requeue): allowed; SIGTERM then SIGKILL 30 s later (Slurm's default KillWait:
+# a preempted job finishes its step and checkpoints in between); finished jobs visible to squeue for 10 min.
 JobRequeue=1
-KillWait=5
+KillWait=30
 MinJobAge=600
 ReturnToService=2
 SlurmctldTimeout=30

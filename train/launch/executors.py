@@ -95,26 +95,36 @@ def check_slurm_reachable() -> None:
         )
 
 
-def make_executor(launcher: str, folder: Path, cluster: str | None = None):
-    """A submitit executor writing its scripts and logs to `folder`. Validates everything first."""
+def check_launcher(launcher: str, cluster: str | None = None) -> dict | None:
+    """Refuse a bad launcher, cluster profile or unreachable Slurm (ConfigError) before anything is
+    created; returns the Slurm profile (None for the local launcher)."""
     if launcher == "local":
         if cluster:
             raise ConfigError(
                 f"--cluster {cluster} needs --launcher slurm (the local launcher has no profiles)"
             )
+        return None
+    if launcher == "slurm":
+        profile = load_cluster_profile(cluster or "local")
+        slurm_parameters(profile)
+        check_slurm_reachable()
+        return profile
+    raise ConfigError(f"unknown launcher {launcher!r}: expected local or slurm")
+
+
+def make_executor(launcher: str, folder: Path, cluster: str | None = None, checked: bool = False):
+    """A submitit executor writing its scripts and logs to `folder` (which it creates). Validates
+    everything first (`checked`: check_launcher already did)."""
+    profile = load_cluster_profile(cluster or "local") if checked and launcher == "slurm" else None
+    if not checked:
+        profile = check_launcher(launcher, cluster)
+    if launcher == "local":
         executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
         return executor
-    if launcher == "slurm":
-        profile = load_cluster_profile(cluster or "local")
-        params = slurm_parameters(profile)
-        check_slurm_reachable()
-        executor = submitit.SlurmExecutor(
-            folder=folder, max_num_timeout=int(profile.get("max_num_timeout", 3))
-        )
-        executor.update_parameters(**params)
-        return executor
-    raise ConfigError(f"unknown launcher {launcher!r}: expected local or slurm")
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(profile.get("max_num_timeout", 3)))
+    executor.update_parameters(**slurm_parameters(profile))
+    return executor
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,8 +1,10 @@
 """The job a sweep submits for one grid point, and the `status.json` it keeps in its run folder.
 
-`TrainPoint` is a submitit `Checkpointable`: on preemption or time-out (Slurm sends USR2, submitit
-calls `checkpoint`) it is requeued and the next attempt resumes from the run's latest checkpoint in
-the same MLflow run. Sweeps always train with `resume=true`, so a job that was requeued by Slurm
+`TrainPoint` is a submitit `Checkpointable`: on preemption or time-out (Slurm sends USR2) the training
+first finishes its step and writes a checkpoint (train/launch/preempt.py), then submitit's hook calls
+`checkpoint` and requeues the job, and the next attempt resumes from that checkpoint in the same MLflow
+run. On SIGTERM (scancel, `scontrol requeue`, preemption without USR2) the same checkpoint is written
+and the job exits; status.json says `preempted` until Slurm's requeue (if any) runs it again. Sweeps always train with `resume=true`, so a job that was requeued by Slurm
 (`scontrol requeue`, node failure) or resubmitted after a kill (`python -m train.sweep EXP --resume`)
 continues the same way. `status.json` is what `--status` reads, whatever the scheduler.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 import submitit
 from omegaconf import OmegaConf
 
+from train.launch.preempt import Preempted, hand_to_scheduler
 from train.redact import redact
 from train.tracking import RUN_ID_FILE, recorded_run_id
 
@@ -77,7 +80,10 @@ class TrainPoint(submitit.helpers.Checkpointable):
             if _task_id() != 0:
                 from train.launch.ranks import launch_ranks
 
-                code = launch_ranks(cfg)
+                try:
+                    code = launch_ranks(cfg)
+                except Preempted:  # task 0 reports it and (USR2) requeues the job
+                    return {}
                 if code:
                     raise RuntimeError(f"training ranks on this node exited with status {code}")
                 return {}
@@ -122,6 +128,17 @@ class TrainPoint(submitit.helpers.Checkpointable):
                 result = run(cfg)
             write_status(run_dir, "done", **env, metrics=result)
             return result
+        except Preempted as stop:  # checkpointed (or abandoned) and the MLflow run marked KILLED
+            write_status(run_dir, "preempted", **env, **stop.as_dict())
+            print(f"[sweep] {stop.describe()}", flush=True)
+            try:
+                hand_to_scheduler(stop)  # USR2: submitit's hook requeues the job and exits
+            except SystemExit:
+                if self.preempted:
+                    write_status(run_dir, "requeued", **env, **stop.as_dict())
+                    mark_mlflow_run(run_dir, "SCHEDULED", note=f"requeued after {stop.describe()}")
+                raise
+            raise SystemExit(128 + stop.signum) from None
         except BaseException as exc:
             if self.preempted:  # submitit's requeue exits through here: not a failure
                 write_status(run_dir, "requeued", **env)

@@ -6,6 +6,11 @@
 `--nnodes=N --node-rank=$SLURM_NODEID` and the c10d rendezvous on the job's first node, each node
 starting world_size / N ranks, one per GPU. torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; each rank
 takes GPU LOCAL_RANK and joins the NCCL group (train/policy/distributed.py).
+
+Preemption signals are the launcher's (train/launch/preempt.py): torchrun and the ranks start with
+SIGUSR2 ignored (Slurm signals every process of a job), the launcher turns SIGTERM / SIGUSR2 into a
+request the ranks read at their next step boundary; they checkpoint together and exit, and
+`launch_ranks` raises `Preempted` with the step and checkpoint they report.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from train.launch.preempt import CONTROL_DIR_ENV, forward_to_ranks, ignore_preempt_usr2, read_outcome
 
 RDZV_PORT = 29531
 
@@ -68,14 +75,21 @@ def torchrun_command(cfg_path: Path, world_size: int, layout: NodeLayout, port: 
 
 
 def launch_ranks(cfg: DictConfig, layout: NodeLayout | None = None, port: int = RDZV_PORT) -> int:
-    """Run this node's ranks of `cfg` to the end; returns torchrun's exit status."""
+    """Run this node's ranks of `cfg` to the end; returns torchrun's exit status, or raises `Preempted`
+    when a SIGTERM / SIGUSR2 stopped them (after their checkpoint)."""
     layout = layout or slurm_layout()
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(OmegaConf.to_yaml(cfg))
-    try:
+    with tempfile.TemporaryDirectory(prefix="rlpost-ranks-") as folder:
+        control = Path(folder)  # the config, the launcher's request and the ranks' outcome
+        (control / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(key, None)  # a parent launcher's values must not leak into torchrun's ranks
-        return subprocess.call(torchrun_command(Path(f.name), cfg.world_size, layout, port), env=env)
-    finally:
-        Path(f.name).unlink(missing_ok=True)
+        env[CONTROL_DIR_ENV] = str(control)
+        cmd = torchrun_command(control / "config.yaml", cfg.world_size, layout, port)
+        with forward_to_ranks(control, say=lambda m: print(f"[launch] {m}", flush=True)):
+            proc = subprocess.Popen(cmd, env=env, preexec_fn=ignore_preempt_usr2)
+            code = proc.wait()
+        stop = read_outcome(control)
+    if stop is not None:
+        raise stop
+    return code

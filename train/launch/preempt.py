@@ -1,0 +1,206 @@
+"""Preemption: what a training job does when the cluster takes the machine away.
+
+Slurm sends SIGTERM on preemption, `scancel`, `scontrol requeue` and at the time limit (then SIGKILL
+after its KillWait, 30 s by default), and submitit asks for SIGUSR2 `signal_delay_s` before the time
+limit (its hook then checkpoints and requeues the job). Either signal, handled once:
+
+- a single-process run: the training loop's `PreemptWatch` notes it; the current step finishes (or, past
+  `preempt_grace_s`, is abandoned), a checkpoint is written (`checkpoint_on_preempt`), the loop raises
+  `Preempted`, the MLflow run is marked KILLED (a requeued job reopens it: the same run goes on), and
+  the caller exits (`python -m train`: status 128 + signal; a sweep job: submitit's USR2 hook requeues).
+- several ranks under torchrun (`train/launch/ranks.py`): the launcher handles the signal. torchrun and
+  the ranks are started with SIGUSR2 ignored (a signal Slurm sends to every process of the job would
+  otherwise kill them); the launcher writes `request` in the ranks' control folder
+  (`$RLPOST_PREEMPT_DIR`), every rank reads it at the step boundary and the ranks agree (one
+  all-gather), so the checkpoint, a collective, is written by all of them after the same step. Each
+  node's local rank 0 writes `outcome.json` there; the launcher then raises `Preempted` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+CONTROL_DIR_ENV = "RLPOST_PREEMPT_DIR"  # set by the launcher for its ranks: request / outcome.json
+REQUEST = "request"
+OUTCOME = "outcome.json"
+
+
+class Preempted(BaseException):
+    """A run stopped on a preemption signal (a BaseException, as KeyboardInterrupt: an abandoned step
+    may be inside code that catches Exception). `checkpoint`: the step folder written on the way out
+    (None: none was due or it was abandoned); `step`: the last step completed."""
+
+    def __init__(self, signame: str, step: int, checkpoint: str | None = None, abandoned: bool = False,
+                 received_at: float | None = None) -> None:  # fmt: skip
+        self.signame, self.step, self.checkpoint, self.abandoned = signame, step, checkpoint, abandoned
+        self.received_at = received_at if received_at is not None else time.time()
+        super().__init__(self.describe())
+
+    @property
+    def signum(self) -> int:
+        return int(signal.Signals[self.signame])
+
+    def describe(self) -> str:
+        if self.abandoned:
+            return (
+                f"{self.signame}: the step after {self.step} abandoned, no checkpoint written on the way out"
+            )
+        saved = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint due"
+        return f"{self.signame}: stopped after step {self.step}, {saved}"
+
+    def as_dict(self) -> dict:
+        return {"signal": self.signame, "step": self.step, "checkpoint": self.checkpoint,
+                "abandoned": self.abandoned, "received_at": self.received_at, "exited_at": time.time()}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Preempted:
+        return cls(
+            d["signal"], int(d["step"]), d.get("checkpoint"), bool(d.get("abandoned")), d.get("received_at")
+        )
+
+
+def signame(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class PreemptWatch:
+    """Notes SIGTERM / SIGUSR2 while a training loop runs (installed on entry, the previous handlers
+    restored on exit). A signal the launcher handles (inherited as ignored, with a control folder) is
+    left ignored; the launcher's request arrives through the control folder instead.
+
+    `grace_s` > 0: that long after the signal, the step still running is abandoned (`Preempted` raised
+    where the main thread is) so the process exits before the scheduler's SIGKILL; `disarm()` first
+    when the step ended in time."""
+
+    def __init__(self, grace_s: float = 0.0, say: Callable[[str], None] = print) -> None:
+        self.grace_s, self.say = grace_s, say
+        self.signum: int | None = None
+        self.received_at: float | None = None
+        self.step = 0  # the last step completed (for an abandoned step's report)
+        self.control = Path(os.environ[CONTROL_DIR_ENV]) if os.environ.get(CONTROL_DIR_ENV) else None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> PreemptWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers live on the main thread; tests running a loop in a thread
+        for sig in PREEMPT_SIGNALS:
+            previous = signal.getsignal(sig)
+            if previous == signal.SIG_IGN and self.control is not None:
+                continue  # our launcher handles it
+            self._previous[sig] = previous
+            signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
+        for sig, previous in self._previous.items():  # SIGALRM's too, when the grace timer was set
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            return  # handled once (Slurm's requeue sends SIGTERM after submitit's USR2)
+        self.signum, self.received_at = signum, time.time()
+        bound = f" (at most {self.grace_s:g} s)" if self.grace_s > 0 else ""
+        self.say(
+            f"{signame(signum)} received: finishing step {self.step + 1}{bound}, then checkpoint and exit"
+        )
+        if self.grace_s > 0:
+            self._previous.setdefault(signal.SIGALRM, signal.getsignal(signal.SIGALRM))
+            signal.signal(signal.SIGALRM, self._abandon)
+            signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+
+    def _abandon(self, signum: int, frame) -> None:
+        raise Preempted(signame(self.signum or signal.SIGTERM), self.step, abandoned=True,
+                        received_at=self.received_at)  # fmt: skip
+
+    def disarm(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def local_request(self) -> str | None:
+        """This process' signal, else the launcher's request (a signal name), else None."""
+        if self.signum is not None:
+            return signame(self.signum)
+        if self.control is not None:
+            try:
+                return json.loads((self.control / REQUEST).read_text())["signal"]
+            except (OSError, ValueError, KeyError):
+                return None
+        return None
+
+    def agreed_request(self) -> str | None:
+        """Collective, once per step: the first signal any rank saw (all ranks get the same answer)."""
+        from train.policy.distributed import all_gather_objects
+
+        seen = [s for s in all_gather_objects(self.local_request()) if s]
+        if seen and self.received_at is None:
+            self.received_at = time.time()
+        return seen[0] if seen else None
+
+
+def write_outcome(stop: Preempted) -> None:
+    """Under a launcher: tell it (its node's local rank 0 does) how the ranks stopped."""
+    folder = os.environ.get(CONTROL_DIR_ENV)
+    if folder and os.environ.get("LOCAL_RANK", "0") == "0":
+        tmp = Path(folder) / f".{OUTCOME}.tmp"
+        tmp.write_text(json.dumps(stop.as_dict()))
+        tmp.replace(Path(folder) / OUTCOME)
+
+
+def read_outcome(folder: Path) -> Preempted | None:
+    try:
+        return Preempted.from_dict(json.loads((folder / OUTCOME).read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def ignore_preempt_usr2() -> None:
+    """preexec_fn of torchrun: SIGUSR2 ignored there and in the ranks (inherited through exec)."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def forward_to_ranks(folder: Path, say: Callable[[str], None] = print) -> Iterator[dict]:
+    """The launcher's side: while its ranks run, SIGTERM / SIGUSR2 write the ranks' request (once).
+    Yields a dict that gets `signal` and `received_at` when one came."""
+    seen: dict = {}
+
+    def on_signal(signum: int, frame) -> None:
+        if seen:
+            return
+        seen.update(signal=signame(signum), received_at=time.time())
+        say(f"{signame(signum)} received by the launcher: the ranks finish their step, checkpoint and exit")
+        tmp = folder / f".{REQUEST}.tmp"
+        tmp.write_text(json.dumps(seen))
+        tmp.replace(folder / REQUEST)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield seen  # handlers live on the main thread (tests start 'nodes' in threads)
+        return
+    previous = {sig: signal.getsignal(sig) for sig in PREEMPT_SIGNALS}
+    for sig in PREEMPT_SIGNALS:
+        signal.signal(sig, on_signal)
+    try:
+        yield seen
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def hand_to_scheduler(stop: Preempted) -> None:
+    """After the checkpoint: give a SIGUSR2 to the handler that was there before ours (submitit's
+    checkpoint-and-requeue hook, inside a sweep job), which requeues the job and exits."""
+    if stop.signame != "SIGUSR2":
+        return
+    handler = signal.getsignal(signal.SIGUSR2)
+    if callable(handler):
+        handler(signal.SIGUSR2, None)
