@@ -97,7 +97,9 @@ def test_a_failed_write_is_a_warning_not_a_failed_step(tmp_path, monkeypatch, ca
     tracker.run_id = "0" * 32  # a run the store does not have
     write_samples(tracker, "val", 0, _records())
     err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("20")]  # less MLflow's INFO
-    assert err == ["warning: val samples of step 0 not logged to MLflow: Run with id=" + "0" * 32 + " not found"]
+    assert err == [
+        "warning: val samples of step 0 not logged to MLflow: Run with id=" + "0" * 32 + " not found"
+    ]
 
 
 def test_nothing_is_built_off_rank_zero_or_between_due_steps():
@@ -146,5 +148,7 @@ def test_a_darling_step_and_validation_log_their_samples(tiny_model, vllm_engine
     advantages = [r["advantage"] for rec in train for r in rec["responses"]]
     for rec in train:  # GRPO without std: r - group mean, the same on every token
         mean = sum(r["reward"] for r in rec["responses"]) / 3
-        assert [r["advantage"] for r in rec["responses"]] == pytest.approx([r["reward"] - mean for r in rec["responses"]])
+        assert [r["advantage"] for r in rec["responses"]] == pytest.approx(
+            [r["reward"] - mean for r in rec["responses"]]
+        )
     assert len(advantages) == 6
