@@ -195,7 +195,7 @@ def find_runs(
     """The runs to show: `run_ids`, else the experiment's (its newest sweep, or `sweep`), labelled by
     arm and seed. Returns (runs, one-line problems)."""
     from analysis.arms import experiment_arms, select_runs, with_arms
-    from analysis.store import client, load_runs
+    from analysis.store import client, group_label, load_runs
     from train.tracking import store_exists, tracking_uri
 
     if not store_exists(uri):
@@ -216,7 +216,7 @@ def find_runs(
                 {
                     "run_id": rid,
                     "run_name": run.info.run_name or rid[:8],
-                    "arm": run.data.tags.get("rlpost.grid_point", "") or run.info.run_name,
+                    "arm": group_label(run.data.tags.get("rlpost.grid_point"), run.info.run_name or rid[:8]),
                     "seed": run.data.params.get("seed", ""),
                 }
             )
