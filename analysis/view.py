@@ -49,6 +49,52 @@ def viewer_url(page: str, port: int = DEFAULT_PORT, **query: object) -> str:
     return f"http://127.0.0.1:{port}/#{page}" + (f"?{q}" if q else "")
 
 
+def metric_page(metric: str) -> tuple[str, dict[str, str]]:
+    """The viewer page holding the samples behind `metric`: val/* -> validation samples across steps,
+    eval/<suite>/* -> that suite's eval samples, anything else logged in training -> training rollouts."""
+    if metric.startswith("eval/"):
+        return "evals", {"suite": metric.split("/")[1]}
+    return "collapse", {"kind": "val" if metric.startswith("val/") else "train"}
+
+
+def report_links(runs, order: list[str], metrics: list[str], port: int = DEFAULT_PORT) -> str:
+    """HTML for the report (analysis/report.py): each arm's and each metric's samples in the viewer.
+
+    `runs`: the report's run table (run_id, arm or group); `metrics`: the metric columns to link."""
+    import html
+
+    if runs.empty:
+        return "<p>No runs: no samples to show.</p>"
+    col = "arm" if "arm" in runs else "group"
+    arms = order or sorted({str(a) for a in runs[col]})
+    ids = {a: list(runs[runs[col] == a]["run_id"]) for a in arms}
+    paired = ",".join(v[0] for v in ids.values() if v)  # one run per arm: the collapse side by side
+
+    def link(page: str, label: str, **query) -> str:
+        return f'<a href="{html.escape(viewer_url(page, port, **query))}">{html.escape(label)}</a>'
+
+    rows = "".join(
+        f"<tr><td>{html.escape(a)}</td><td>{link('collapse', 'validation samples by step', runs=','.join(v), kind='val')}"
+        f"</td><td>{link('collapse', 'training rollouts', runs=','.join(v), kind='train')}</td>"
+        f"<td>{link('evals', 'eval samples', run=v[-1])}</td></tr>"
+        for a, v in ids.items()
+        if v
+    )
+    per_metric = []
+    for m in metrics:
+        page, query = metric_page(m)
+        query |= {"runs": paired} if page == "collapse" else {"run": next(iter(ids.values()))[0]}
+        per_metric.append(link(page, m, **query))
+    return (
+        f"<p class='meta'>Served by <code>make view</code> (python -m analysis.view) on 127.0.0.1:{port}; "
+        "start it first. Side by side, one run per arm: "
+        f"{link('collapse', 'the collapse view', runs=paired, kind='val')}.</p>"
+        f'<table class="leaderboard samples-links"><thead><tr><th>arm</th><th colspan="3">its samples</th></tr>'
+        f"</thead><tbody>{rows}</tbody></table>"
+        f"<p class='meta'>Per metric: {' · '.join(per_metric)}</p>"
+    )
+
+
 # ---- training samples: the runs' artifacts ---------------------------------------------------------
 
 

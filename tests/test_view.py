@@ -201,3 +201,29 @@ def test_viewer_links_and_listens_on_loopback_only(viewer_server):
         page = r.read().decode()
     assert '<script src="view.js"></script>' in page and "http" not in page.split("<body>")[1]  # no CDN
     assert viewer_url("evals", suite="math", run="abc") == "http://127.0.0.1:8765/#evals?suite=math&run=abc"
+
+
+def test_report_links_each_arm_and_metric_to_the_viewer(tmp_path, monkeypatch):
+    import html
+    import re
+
+    from analysis.report import build_report
+    from tests.analysis_store import darling_vs_grpo_store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    ids = darling_vs_grpo_store()
+    page = build_report("darling_math", tmp_path / "report").read_text()
+    links = {
+        html.unescape(text): html.unescape(href)
+        for href, text in re.findall(r'<a href="([^"]+)">([^<]+)</a>', page)
+    }
+    darling, grpo = f"{ids['darling-s1']},{ids['darling-s2']}", f"{ids['grpo-s1']},{ids['grpo-s2']}"
+    hrefs = set(links.values()) | {html.unescape(h) for h in re.findall(r'href="([^"]+)"', page)}
+    for runs in (darling, grpo):
+        assert viewer_url("collapse", runs=runs, kind="val") in hrefs
+        assert viewer_url("collapse", runs=runs, kind="train") in hrefs
+    assert viewer_url("evals", run=ids["darling-s2"]) in hrefs  # each arm's latest run's eval samples
+    paired = f"{ids['darling-s1']},{ids['grpo-s1']}"
+    assert links["eval/math/acc"] == viewer_url("evals", suite="math", run=ids["darling-s1"])
+    assert links["train/accuracy"] == viewer_url("collapse", kind="train", runs=paired)
+    assert links["reward/distinct_classes_mean"] == viewer_url("collapse", kind="train", runs=paired)
