@@ -76,13 +76,16 @@ def math_record(
 
 def write_eval(
     root: Path, ckpt: str, n_items: int, seed: int = 0, run_id: str | None = None, step: int | None = None,
-    datasets: tuple[str, ...] = ("math500", "gsm8k"), bad_line: bool = False,
+    datasets: tuple[str, ...] = ("math500", "gsm8k"), bad_line: bool = False, text_chars: int = 600,
 ) -> Path:  # fmt: skip
     """`<root>/<ckpt>/math/samples.jsonl` (+ summary.json) with `n_items` synthetic math records."""
     rng = random.Random(seed)
     folder = root / ckpt / "math"
     folder.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(math_record(i, rng, dataset=datasets[i % len(datasets)])) for i in range(n_items)]
+    lines = [
+        json.dumps(math_record(i, rng, dataset=datasets[i % len(datasets)], text_chars=text_chars))
+        for i in range(n_items)
+    ]
     if bad_line:
         lines.insert(len(lines) // 2, '{"id": "torn", "responses": ["cut mid-wri')
     (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
