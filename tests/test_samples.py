@@ -70,8 +70,9 @@ def test_advantage_per_response_is_the_mean_over_its_tokens():
 def test_table_has_one_row_per_response_and_cuts_long_text():
     records = _records()
     records[0]["responses"][0]["text"] = "x" * 5000
+    records[0]["gold"] = ",".join(map(str, range(100)))
     table = table_rows(records)
-    assert len(table["text"]) == 6 and len(table["text"][0]) == 2000
+    assert len(table["text"]) == 6 and len(table["text"][0]) == 2000 and len(table["gold"][0]) == 200
     assert table["prompt"] == ["Q0"] * 3 + ["Q1"] * 3 and table["class"] == [0, 1, 2, 0, 1, 0]
 
 

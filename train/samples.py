@@ -10,8 +10,8 @@ and at every validation all held-out groups, are written as one JSONL artifact o
                     "class" (the partition's class in the group), "quality", "diversity",
                     "advantage" (mean over the response tokens), "length", "finish", <scalar signals>}]}
 
-plus the same rows flattened as an MLflow table (`samples/<kind>/step_<step>.table.json`, text cut at
-TABLE_TEXT_CHARS), which the MLflow UI shows. `python -m analysis.view` reads the JSONL files. Only rank
+plus the same rows flattened as an MLflow table (`samples/<kind>/step_<step>.table.json`, text and gold
+cut), which the MLflow UI shows. `python -m analysis.view` reads the JSONL files. Only rank
 0 logs (its share of the prompts); a failed write is a one-line warning, never a failed step.
 """
 
@@ -28,6 +28,7 @@ from math_grader import extract_answer
 
 TRAIN_GROUPS = 8  # groups kept per logged training step (all validation groups are kept)
 TABLE_TEXT_CHARS = 2000  # the MLflow table's copy of a response is cut here (the JSONL keeps it whole)
+TABLE_GOLD_CHARS = 200  # and of the gold, repeated on every row (multi-answer golds list every answer)
 ARTIFACT_DIR = "samples"
 # reward signals renamed in the records; other per-response scalar signals keep their names
 SIGNAL_FIELDS = {"partition_class": "class", "quality": "quality", "diversity": "diversity"}
@@ -123,7 +124,7 @@ def table_rows(records: list[dict]) -> dict[str, list]:
     columns = list(dict.fromkeys(k for row in rows for k in row))
     table = {c: [row.get(c) for row in rows] for c in columns}
     table["text"] = [t[:TABLE_TEXT_CHARS] for t in table.get("text", [])]
-    table["gold"] = [None if g is None else g[:TABLE_TEXT_CHARS] for g in table.get("gold", [])]
+    table["gold"] = [None if g is None else g[:TABLE_GOLD_CHARS] for g in table.get("gold", [])]
     return table
 
 
