@@ -176,11 +176,11 @@ class RunSamples:
                 }
             )
         out.sort(key=lambda p: (-p["contrast"], -p["steps"], p["label"]))
-        if kind == "train":  # training prompts rarely repeat: the k-th group of each step (same across
-            out += [  # arms of one seed, which draw the same prompts)
+        if kind == "train":  # training prompts rarely repeat: first the k-th group of each step (the
+            out = [  # same prompts in the arms of one seed, which draw the same prompts)
                 {"key": f"group:{g}", "label": f"group {g} of each step", "steps": 0, "contrast": -1}
                 for g in sorted(groups)
-            ]
+            ] + out
         return out, errors
 
     def collapse(self, run_ids: list[str], kind: str, key: str) -> dict:
