@@ -12,7 +12,7 @@ import pytest
 
 from analysis.sample_index import Filters, SampleIndex, compare, samples_of
 from analysis.view import build_viewer, serve, viewer_url
-from tests.view_data import log_arm_run, write_eval
+from tests.view_data import PROMPTS, log_arm_run, write_eval
 
 
 def _math_file(tmp_path, records):
@@ -130,7 +130,7 @@ def viewer_server(tmp_path, monkeypatch):
     and two checkpoints' math results (one with a torn line)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)
-    darling = log_arm_run("darling_math", "DARLING")
+    darling = log_arm_run("darling_math", "DARLING", kinds=("val", "train"))
     grpo = log_arm_run("darling_math", "GRPO")
     bare = log_arm_run("darling_math", "GRPO", seed=2, steps=())
     write_eval(tmp_path / "evals", "darling-step_30", 60, run_id=darling, step=30, bad_line=True)
@@ -164,6 +164,10 @@ def test_api_serves_the_collapse_of_one_prompt_across_steps(viewer_server):
         for r in data["runs"]
     }
     assert spread == {"DARLING seed 1": [8, 8, 8, 8], "GRPO seed 1": [8, 6, 3, 1]}
+    train = get(base, "/api/prompts", runs=runs["DARLING"], kind="train")["prompts"]
+    assert [p["key"] for p in train[:2]] == ["group:0", "group:1"]  # training prompts: by position first
+    group = get(base, "/api/collapse", runs=runs["DARLING"], kind="train", key="group:1")
+    assert [group["runs"][0]["cells"][str(s)]["prompt"] for s in group["steps"]] == [PROMPTS[1]] * 4
 
 
 def test_api_says_in_one_line_what_is_missing_or_bad(viewer_server, tmp_path):

@@ -23,8 +23,10 @@ def _group_answers(prompt: str, arm: str, step: int, n: int = 8) -> list[int]:
     return [pool[i % kinds] for i in range(n)]
 
 
-def log_arm_run(experiment: str, arm: str, seed: int = 1, steps=(0, 10, 20, 30), sweep: str = "sw1") -> str:
-    """One training run of `arm` whose validation samples were logged at `steps`; its MLflow run id."""
+def log_arm_run(
+    experiment: str, arm: str, seed: int = 1, steps=(0, 10, 20, 30), sweep: str = "sw1", kinds=("val",)
+) -> str:
+    """One training run of `arm` whose samples (`kinds`: val, train) were logged at `steps`; its run id."""
     tracker = Tracker()
     combine = "multiplicative" if arm == "DARLING" else "quality"
     point = json.dumps({"reward.combine": combine, "seed": seed})
@@ -46,11 +48,12 @@ def log_arm_run(experiment: str, arm: str, seed: int = 1, steps=(0, 10, 20, 30),
         partition = [
             classes.setdefault((g, t), len({k for k in classes if k[0] == g})) for g, t in zip(groups, texts)
         ]
-        records = sample_records(
-            "val", step, rows, texts, groups, [1.0] * len(texts), [1.0] * len(texts),
-            {"partition_class": partition, "quality": [1.0] * len(texts)},
-        )  # fmt: skip
-        write_samples(tracker, "val", step, records)
+        for kind in kinds:
+            records = sample_records(
+                kind, step, rows, texts, groups, [1.0] * len(texts), [1.0] * len(texts),
+                {"partition_class": partition, "quality": [1.0] * len(texts)},
+            )  # fmt: skip
+            write_samples(tracker, kind, step, records)
     tracker.finish()
     return run_id
 
