@@ -4,7 +4,7 @@ Three pages, one server (Python's http.server on 127.0.0.1 only; plain HTML/JS i
 no network, no build step):
 
 - collapse: one prompt across training steps, one column per run (arm): the group's answers at each
-  logged step, coloured by partition class, from the runs' `samples/{val,train}/step_*.jsonl`
+  logged step, coloured by partition class, from the runs' `samples/{val,train}/<step>.jsonl`
   artifacts (train/samples.py). Validation samples repeat the same held-out prompts at every
   validation, so they show one prompt's group narrowing (GRPO) or staying spread (DARLING);
 - evals: one checkpoint's samples of one suite (`<results-dir>/<checkpoint>/<suite>/samples.jsonl`),
@@ -123,7 +123,7 @@ class RunSamples:
                     run_id=run["run_id"], artifact_path=ARTIFACT_DIR, tracking_uri=self.uri
                 )
             ).parent
-        return sorted((local / ARTIFACT_DIR / kind).glob("step_*.jsonl"))
+        return sorted((local / ARTIFACT_DIR / kind).glob("*.jsonl"))  # the tables are *.table.json
 
     def records(self, run_id: str, kind: str) -> tuple[list[dict], list[str]]:
         """(records of every logged step, one-line problems) of one run."""

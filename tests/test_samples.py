@@ -84,11 +84,11 @@ def test_written_samples_are_jsonl_and_a_table_on_the_run(tmp_path, monkeypatch)
     write_samples(tracker, "train", 10, _records())
     client = mlflow_client()
     paths = sorted(a.path for a in client.list_artifacts(run_id, "samples/train"))
-    assert paths == ["samples/train/step_000010.jsonl", "samples/train/step_000010.table.json"]
-    local = Path(client.download_artifacts(run_id, "samples/train/step_000010.jsonl", str(tmp_path)))
+    assert paths == ["samples/train/000010.jsonl", "samples/train/000010.table.json"]
+    local = Path(client.download_artifacts(run_id, "samples/train/000010.jsonl", str(tmp_path)))
     assert [json.loads(x) for x in local.read_text().splitlines()] == _records()
     logged = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
-    assert {"path": "samples/train/step_000010.table.json", "type": "table"} in logged  # the UI's tables
+    assert {"path": "samples/train/000010.table.json", "type": "table"} in logged  # the UI's tables
 
 
 def test_a_failed_write_is_a_warning_not_a_failed_step(tmp_path, monkeypatch, capsys):
@@ -137,8 +137,8 @@ def test_a_darling_step_and_validation_log_their_samples(tiny_model, vllm_engine
         trainer.tracker.finish()
     client = mlflow_client()
     folder = Path(client.download_artifacts(trainer.run_id, "samples", str(tmp_path / "dl")))
-    train = [json.loads(x) for x in (folder / "train" / "step_000001.jsonl").read_text().splitlines()]
-    val = [json.loads(x) for x in (folder / "val" / "step_000000.jsonl").read_text().splitlines()]
+    train = [json.loads(x) for x in (folder / "train" / "000001.jsonl").read_text().splitlines()]
+    val = [json.loads(x) for x in (folder / "val" / "000000.jsonl").read_text().splitlines()]
     assert len(train) == 2 and len(val) == 3
     for record in train + val:
         assert record["prompt"].startswith("Give") and record["gold"]

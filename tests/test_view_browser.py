@@ -58,7 +58,9 @@ def test_viewer_pages_render_and_filter_in_chromium(browser, viewer_server, tmp_
         " s.dispatchEvent(new Event('change'))"
     )
     browser.wait_rendered("collapse", n)
-    assert browser.eval("location.hash").startswith("#collapse?") and "key=prompt" in browser.eval("location.hash")
+    assert browser.eval("location.hash").startswith("#collapse?") and "key=prompt" in browser.eval(
+        "location.hash"
+    )
 
     n = _renders(browser)
     browser.goto(f"{base}/#evals?eval=grpo-step_30%2Fmath")
@@ -91,20 +93,27 @@ def test_viewer_pages_render_and_filter_in_chromium(browser, viewer_server, tmp_
     browser.goto(f"{base}/#compare?a=darling-step_30%2Fmath&b=grpo-step_30%2Fmath&only=fixed")
     browser.wait_rendered("compare", n)
     fixed = get(base, "/api/compare", a="darling-step_30/math", b="grpo-step_30/math", only="fixed")
-    assert browser.eval("document.querySelectorAll('#p-list .pair .card').length") == 2 * min(25, fixed["matched"])
-    assert browser.eval("[...document.querySelectorAll('#p-list h3 a')].map(a => a.textContent)") == ["MLflow run"] * 2
+    assert browser.eval("document.querySelectorAll('#p-list .pair .card').length") == 2 * min(
+        25, fixed["matched"]
+    )
+    assert (
+        browser.eval("[...document.querySelectorAll('#p-list h3 a')].map(a => a.textContent)")
+        == ["MLflow run"] * 2
+    )
     print("screenshot", browser.screenshot(tmp_path / "compare.png"))
     browser.drain()
     assert browser.console == []
     errors = browser.eval("[...document.querySelectorAll('#errors div')].map(d => d.textContent)")
-    assert len(errors) == 1 and "darling-step_30/math/samples.jsonl: line 31 skipped" in errors[0]  # the torn line
+    assert (
+        len(errors) == 1 and "darling-step_30/math/samples.jsonl: line 31 skipped" in errors[0]
+    )  # the torn line
 
 
 def test_bad_or_missing_artifacts_are_one_line_each_on_the_page(browser, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)
     run_id = log_arm_run("darling_math", "GRPO", steps=(0, 10))
-    artifact = next(tmp_path.glob("mlruns/*/*/artifacts/samples/val/step_000010.jsonl"))
+    artifact = next(tmp_path.glob("mlruns/*/*/artifacts/samples/val/000010.jsonl"))
     artifact.write_text(artifact.read_text().splitlines()[0] + "\n{torn\n")
     viewer = build_viewer(run_ids=[run_id, "f" * 32], results_dir=tmp_path / "no-evals")
     server = serve(viewer, port=0)
@@ -118,8 +127,13 @@ def test_bad_or_missing_artifacts_are_one_line_each_on_the_page(browser, tmp_pat
             f"--run {'f' * 32}: no such MLflow run in sqlite:///{tmp_path / 'mlflow.db'}",
             f"no eval results in {tmp_path / 'no-evals'} (run python -m evals.<suite> --ckpt ...)",
         ]
-        assert lines[2] == "run combine=quality seed 1: val/step_000010.jsonl: line 2 is not a samples record (skipped)"
-        assert browser.eval("document.querySelectorAll('#collapse-table tr').length") == 3  # steps 0, 10 still shown
+        assert (
+            lines[2]
+            == "run combine=quality seed 1: val/000010.jsonl: line 2 is not a samples record (skipped)"
+        )
+        assert (
+            browser.eval("document.querySelectorAll('#collapse-table tr').length") == 3
+        )  # steps 0, 10 still shown
         n = _renders(browser)
         browser.goto(f"{base}/#evals")
         browser.wait_rendered("evals", n)

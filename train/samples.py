@@ -3,14 +3,14 @@
 Scalars say which arm wins; samples show why (GRPO's groups collapsing onto one answer, DARLING's
 staying spread). Every `log_samples_every` steps (and at step 1) the step's first `TRAIN_GROUPS` groups,
 and at every validation all held-out groups, are written as one JSONL artifact of the MLflow run,
-`samples/<kind>/step_<step>.jsonl` (kind: train | val), one record per group:
+`samples/<kind>/<step, 6 digits>.jsonl` (kind: train | val; e.g. samples/val/000010.jsonl), one record per group:
 
     {"kind", "step", "group", "prompt" (last user turn), "data_source", "gold",
      "responses": [{"text", "answer" (the math grader's extraction), "reward", "correct",
                     "class" (the partition's class in the group), "quality", "diversity",
                     "advantage" (mean over the response tokens), "length", "finish", <scalar signals>}]}
 
-plus the same rows flattened as an MLflow table (`samples/<kind>/step_<step>.table.json`, text and gold
+plus the same rows flattened as an MLflow table (`samples/<kind>/<step>.table.json`, text and gold
 cut), which the MLflow UI shows. `python -m analysis.view` reads the JSONL files. Only rank
 0 logs (its share of the prompts); a failed write is a one-line warning, never a failed step.
 """
@@ -129,13 +129,13 @@ def table_rows(records: list[dict]) -> dict[str, list]:
 
 
 def write_samples(tracker, kind: str, step: int, records: list[dict]) -> None:
-    """Log `records` as `samples/<kind>/step_<step>.jsonl` (and its table) on the tracker's run.
+    """Log `records` as `samples/<kind>/<step>.jsonl` (and its table) on the tracker's run.
 
     A recomputed step (a resumed run) overwrites its own file. A failure is a warning: samples are a
     view on the run, never a reason to lose its training."""
     if not records or not getattr(tracker, "enabled", False) or tracker.run_id is None:
         return
-    name = f"step_{step:06d}"
+    name = f"{step:06d}"
     try:
         with tempfile.TemporaryDirectory(prefix="rlpost-samples-") as tmp:
             path = Path(tmp) / f"{name}.jsonl"
