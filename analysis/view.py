@@ -518,9 +518,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     url = f"http://127.0.0.1:{server.server_address[1]}/"
-    print(f"[view] {len(viewer.runs.runs)} runs, {len(viewer.evals.entries)} eval results; serving {url}")
+    print(
+        f"[view] {len(viewer.runs.runs)} runs, {len(viewer.evals.entries)} eval results; serving {url}",
+        flush=True,
+    )
     for line in viewer.errors + viewer.evals.errors:
-        print(f"[view] {line}")
+        print(f"[view] {line}", flush=True)
     if not args.no_browser:
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
     try:

@@ -144,3 +144,38 @@ def test_bad_or_missing_artifacts_are_one_line_each_on_the_page(browser, tmp_pat
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_command_serves_on_loopback_and_a_busy_port_is_one_line(tmp_path):
+    """`python -m analysis.view` as `make view` runs it: the page and its API on 127.0.0.1; no store and no
+    results are lines on the page; a port in use is a one-line error naming the fix."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'none.db'}"}
+    cmd = [sys.executable, "-m", "analysis.view", "--results-dir", str(tmp_path / "evals"), "--no-browser"]
+    proc = subprocess.Popen([*cmd, "--port", "0"], cwd=root, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        found = re.search(r"serving http://127\.0\.0\.1:(\d+)/", first)
+        assert found, first
+        port = found.group(1)
+        index = get(f"http://127.0.0.1:{port}", "/api/index")
+        assert index["errors"] == [
+            f"no MLflow store at sqlite:///{tmp_path / 'none.db'} (train a run first, or set MLFLOW_TRACKING_URI)",
+            f"no eval results in {tmp_path / 'evals'} (run python -m evals.<suite> --ckpt ...)",
+        ]
+        busy = subprocess.run(
+            [*cmd, "--port", port], cwd=root, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert busy.returncode == 1
+        assert busy.stderr.strip().splitlines()[-1] == (
+            f"error: cannot listen on 127.0.0.1:{port}: Address already in use (pass --port 0)"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
