@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 import threading
+import time
 import urllib.parse
 import webbrowser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +41,7 @@ DEFAULT_PORT = 8765  # the report's links point here (analysis/report.py)
 DEFAULT_RESULTS_DIR = PROJECT_ROOT / "outputs" / "evals"
 MLFLOW_UI = "http://127.0.0.1:5000"  # `make ui`
 MAX_RUNS = 100
+REDISCOVER_S = 10.0  # a page load looks for new runs and eval results at most this often
 KINDS = ("val", "train")
 
 
@@ -397,13 +399,29 @@ def _with_prompts(samples: list[dict], suite: str) -> list[dict]:
 
 
 class Viewer:
-    """What the request handler serves: the runs' samples and the eval results."""
+    """What the request handler serves: the runs' samples and the eval results. `discover()` -> (runs,
+    problems, EvalSamples) finds them; a page load finds them again (REDISCOVER_S apart at most), so runs
+    and checkpoints of a sweep still going show up, while indexes already built are kept."""
 
-    def __init__(self, runs: RunSamples, evals: EvalSamples, errors: list[str]) -> None:
-        self.runs, self.evals, self.errors = runs, evals, errors
+    def __init__(self, discover, uri: str | None = None) -> None:
+        self._discover, self._found_at = discover, 0.0
+        self._lock = threading.Lock()
+        self.runs, self.evals, self.errors = RunSamples([], uri), None, []
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False) -> None:
+        with self._lock:
+            if not force and time.monotonic() - self._found_at < REDISCOVER_S:
+                return
+            runs, errors, evals = self._discover()
+            if self.evals is not None:
+                evals._indexes = {k: v for k, v in self.evals._indexes.items() if k in evals.entries}
+            self.runs.runs = {r["run_id"]: r for r in runs}
+            self.evals, self.errors, self._found_at = evals, errors, time.monotonic()
 
     def api(self, path: str, q: dict[str, str]) -> dict:
         if path == "/api/index":
+            self.refresh()
             return {
                 "runs": [
                     {k: r[k] for k in ("run_id", "label", "arm", "seed", "link")}
@@ -493,8 +511,10 @@ def build_viewer(
     checkpoints: list[str] | None = None,
     uri: str | None = None,
 ) -> Viewer:
-    runs, errors = find_runs(experiment, sweep, run_ids, uri)
-    return Viewer(RunSamples(runs, uri), EvalSamples(results_dir, checkpoints, uri), errors)
+    def discover() -> tuple[list[dict], list[str], EvalSamples]:
+        return (*find_runs(experiment, sweep, run_ids, uri), EvalSamples(results_dir, checkpoints, uri))
+
+    return Viewer(discover, uri)
 
 
 def main(argv: list[str] | None = None) -> int:

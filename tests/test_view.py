@@ -231,3 +231,17 @@ def test_report_links_each_arm_and_metric_to_the_viewer(tmp_path, monkeypatch):
     assert links["eval/math/acc"] == viewer_url("evals", suite="math", run=ids["darling-s1"])
     assert links["train/accuracy"] == viewer_url("collapse", kind="train", runs=paired)
     assert links["reward/distinct_classes_mean"] == viewer_url("collapse", kind="train", runs=paired)
+
+
+def test_runs_and_results_of_a_sweep_still_going_show_up_on_reload(viewer_server, tmp_path, monkeypatch):
+    import analysis.view
+
+    base, _ = viewer_server
+    before = get(base, "/api/evals", eval="grpo-step_30/math")["total"]
+    monkeypatch.setattr(analysis.view, "REDISCOVER_S", 0.0)
+    late = log_arm_run("darling_math", "DARLING", seed=2)
+    write_eval(tmp_path / "evals", "darling-s2-step_30", 10, run_id=late, step=30)
+    index = get(base, "/api/index")
+    assert late in {r["run_id"] for r in index["runs"]}
+    assert "darling-s2-step_30/math" in {e["key"] for e in index["evals"]}
+    assert get(base, "/api/evals", eval="grpo-step_30/math")["total"] == before == 60
