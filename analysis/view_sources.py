@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import urllib.parse
+from collections import Counter
 from pathlib import Path
 
 from analysis.sample_index import SampleIndex
@@ -85,7 +86,7 @@ class RunSamples:
             records, bad = self.records(rid, kind)
             errors += bad
             for r in records:
-                seen.setdefault(r["prompt"], {}).setdefault(rid, {})[r["step"]] = r
+                seen.setdefault(r["prompt_key"], {}).setdefault(rid, {})[r["step"]] = r
                 groups.add(r["group"])
         out = []
         for prompt, by_run in seen.items():
@@ -118,7 +119,7 @@ class RunSamples:
             if key.startswith("group:"):
                 mine = [r for r in records if str(r["group"]) == key.removeprefix("group:")]
             else:
-                mine = [r for r in records if r["prompt"] == key.removeprefix("prompt:")]
+                mine = [r for r in records if r["prompt_key"] == key.removeprefix("prompt:")]
             cells[rid] = {r["step"]: r for r in mine}
         steps = sorted({s for c in cells.values() for s in c})
         runs = [
@@ -144,7 +145,9 @@ def class_key(response: dict) -> str:
 
 
 def _read_jsonl(path: Path, where: str) -> tuple[list[dict], list[str]]:
+    """The records of one logged step; `prompt_key` tells repeated prompts apart (text, then "(#n)")."""
     records, errors = [], []
+    seen: Counter[str] = Counter()
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
@@ -154,6 +157,9 @@ def _read_jsonl(path: Path, where: str) -> tuple[list[dict], list[str]]:
                 raise ValueError("not a samples record")
             r.setdefault("prompt", "")
             r.setdefault("group", 0)
+            # the n-th group of a prompt the data holds several times (same order at every step)
+            r["prompt_key"] = r["prompt"] + (f" (#{seen[r['prompt']] + 1})" if seen[r["prompt"]] else "")
+            seen[r["prompt"]] += 1
             records.append(r)
         except (ValueError, TypeError):
             errors.append(f"{where}: line {n} is not a samples record (skipped)")

@@ -245,3 +245,22 @@ def test_runs_and_results_of_a_sweep_still_going_show_up_on_reload(viewer_server
     assert late in {r["run_id"] for r in index["runs"]}
     assert "darling-s2-step_30/math" in {e["key"] for e in index["evals"]}
     assert get(base, "/api/evals", eval="grpo-step_30/math")["total"] == before == 60
+
+
+def test_a_prompt_held_twice_by_the_data_is_two_choices(tmp_path):
+    from analysis.view_sources import RunSamples
+
+    folder = tmp_path / "samples" / "val"
+    folder.mkdir(parents=True)
+    for step in (0, 10):
+        groups = [
+            {"step": step, "group": g, "prompt": "P", "responses": [{"text": str(g), "answer": str(g)}]}
+            for g in range(2)
+        ]
+        (folder / f"{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in groups))
+    run = {"run_id": "r", "label": "L", "arm": "A", "link": "", "artifact_uri": str(tmp_path)}
+    samples = RunSamples([run])
+    prompts, errors = samples.prompts(["r"], "val")
+    assert [p["key"] for p in prompts] == ["prompt:P", "prompt:P (#2)"] and errors == []
+    cells = samples.collapse(["r"], "val", "prompt:P (#2)")["runs"][0]["cells"]
+    assert {s: c["group"] for s, c in cells.items()} == {"0": 1, "10": 1}
