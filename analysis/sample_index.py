@@ -157,7 +157,9 @@ class SampleIndex:
 
     def __init__(self, path: Path, suite: str) -> None:
         self.path, self.suite = Path(path), suite
-        self.entries: list[dict] = []  # per sample: id, k, dataset, correct, parsed, score, offset, size
+        self.entries: list[
+            dict
+        ] = []  # per sample: id, k, dataset, correct, parsed, score, answer, offset, size
         self.by_key: dict[tuple[str, int], int] = {}
         self.errors: list[str] = []
         self._read_to = self._lines = 0
@@ -194,6 +196,7 @@ class SampleIndex:
         for s in found:
             key = (s["id"], s["k"])
             entry = {k: s[k] for k in ("id", "k", "dataset", "correct", "parsed", "score")}
+            entry["answer"] = None if s["answer"] is None else str(s["answer"])[:200]
             entry |= {"offset": offset, "size": len(line)}
             if key in self.by_key:  # a rerun's newer record of the item wins
                 self.entries[self.by_key[key]] = entry
@@ -232,8 +235,8 @@ class SampleIndex:
 
 
 def compare(a: SampleIndex, b: SampleIndex, only: str = "changed", offset: int = 0, limit: int = 50) -> dict:
-    """The samples both indexes hold (same item id and position), paired; `only`: changed (grade or
-    answer differs), fixed (wrong in a, right in b), broken (right in a, wrong in b) or all."""
+    """The samples both indexes hold (same item id and position), paired; `only`: changed (grade, score
+    or extracted answer differs), fixed (wrong in a, right in b), broken (right in a, wrong in b) or all."""
     pairs = []
     for key, i in a.by_key.items():
         j = b.by_key.get(key)
@@ -242,7 +245,7 @@ def compare(a: SampleIndex, b: SampleIndex, only: str = "changed", offset: int =
         ea, eb = a.entries[i], b.entries[j]
         wanted = {
             "all": True,
-            "changed": ea["correct"] != eb["correct"] or ea["score"] != eb["score"],
+            "changed": any(ea[k] != eb[k] for k in ("correct", "score", "answer")),
             "fixed": ea["correct"] == 0.0 and eb["correct"] == 1.0,
             "broken": ea["correct"] == 1.0 and eb["correct"] == 0.0,
         }

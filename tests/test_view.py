@@ -118,6 +118,16 @@ def test_compare_pairs_the_same_items_and_what_changed(tmp_path):
     assert pairs("fixed") == [("a/1", 1), ("b/2", 0)]
     assert pairs("broken") == [("b/3", 0)]
     assert pairs("changed") == [("a/1", 1), ("b/2", 0), ("b/3", 0)]
+    (tmp_path / "c").mkdir()
+    reworded = [
+        RECORDS[0] | {"answers": ["1", "7"]},
+        RECORDS[1],
+        RECORDS[2],
+    ]  # a wrong answer, another wrong one
+    c = SampleIndex(_math_file(tmp_path / "c", reworded), "math").refresh()
+    assert [(x["id"], x["k"], x["answer"], y["answer"]) for x, y in compare(a, c)["pairs"]] == [
+        ("a/1", 1, "2", "7")
+    ]
     assert compare(a, b, "all")["common"] == 4
 
 
