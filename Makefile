@@ -17,7 +17,7 @@ REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
+.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -89,6 +89,12 @@ bench-train: setup $(BENCH_STAMP)
 
 leaderboard: setup  ## tables from MLflow under reports/ (EXP= to restrict; PER=checkpoint: a row per checkpoint; BY=arm: a row per arm)
 	$(PY) -m analysis.leaderboard $(if $(filter command line,$(origin EXP)),--experiment $(EXP)) $(if $(PER),--per $(PER)) $(if $(BY),--by $(BY)) $(if $(SWEEP),--sweep $(SWEEP)) --out reports
+
+view: setup  ## samples in a local page on 127.0.0.1:8765: collapse per arm across steps, eval samples, compare (EXP= SWEEP= RUN= CKPT=)
+	$(PY) -m analysis.view $(if $(filter command line,$(origin EXP)),--experiment $(EXP)) $(if $(SWEEP),--sweep $(SWEEP)) $(foreach r,$(RUN),--run $(r)) $(foreach c,$(CKPT),--ckpt $(c)) $(if $(PORT),--port $(PORT))
+
+bench-view: setup  ## samples viewer on a synthetic 10k-sample eval: index build, page API, time to first render in Chromium
+	$(PY) -m bench.view $(OVERRIDES)
 
 report: setup  ## static HTML comparison report: reports/<EXP>/index.html (the newest sweep; SWEEP=<id>|all for others)
 	$(PY) -m analysis.report --experiment $(EXP) $(if $(SWEEP),--sweep $(SWEEP)) --out reports/$(EXP)

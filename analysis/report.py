@@ -34,6 +34,7 @@ from analysis.store import (  # noqa: E402
     load_history,
     metric_columns,
 )
+from analysis.view import report_links  # noqa: E402
 from train.tracking import tracking_uri  # noqa: E402
 
 TRAIN_CURVES = (
@@ -156,6 +157,9 @@ def build_report(experiment: str, out_dir: Path, sweep: str | None = None, uri: 
 
     if runs.empty:
         sections.append(("No runs", "<p>The experiment has no runs yet.</p>"))
+    sections.append(
+        ("Samples behind the numbers", report_links(runs, order, metric_columns(runs)))
+    )  # analysis.view
     page = out_dir / "index.html"
     page.write_text(_page(experiment, runs, sections, uri, sweep))
     return page

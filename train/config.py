@@ -166,6 +166,7 @@ class TrainConfig(RunConfig):
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    log_samples_every: int = 10  # rollouts (8 groups) as MLflow artifacts: step 1, every N steps (0 = off)
     reward: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "train.rewards.math_reward.MathReward", "timeout_s": 3.0}
     )

@@ -177,4 +177,6 @@ class DarlingReward:
             "quality_s": t1 - t0,
             "partition_s": t2 - t1,
         }
-        return RewardResult(scores=r.tolist(), correct=correct, metrics=metrics)
+        # per response, for the logged samples (train/samples.py): the reward's parts and the partition
+        signals = {"quality": q.tolist(), "diversity": d.tolist(), "partition_class": class_ids.tolist()}
+        return RewardResult(scores=r.tolist(), correct=correct, metrics=metrics, signals=signals)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.datasets import load_prompt_rows
 from train import checkpoint as ckpt
+from train import samples
 from train.algorithms import registry
 from train.algorithms.classmate import char_span_to_token_span, cot_token_mask
 from train.algorithms.dapo import (
@@ -380,6 +381,10 @@ class GRPOTrainer(TrainingLoop):
         # ---- weight sync into the rollout engine ----
         self.engine.update_weights(self.policy.full_weights())
         t4 = time.perf_counter()
+        samples.log_rollout(
+            self.tracker, "train", step, [rows[g] for g in rollout.group_index], rollout, reward,
+            advantages, mask, cfg.log_samples_every,
+        )  # fmt: skip
         return self._metrics(
             step, rollout, reward, update_metrics, kl_in_reward, (t0, t0 + t_rollout, t2, t3, t4)
         )
@@ -634,6 +639,7 @@ class GRPOTrainer(TrainingLoop):
         rollout = self.engine.generate(self.val_prompt_ids, sampling)
         rows = [self.val_rows[g] for g in rollout.group_index]
         reward = self.reward_fn(rows, rollout.texts, rollout.group_index)
+        samples.log_rollout(self.tracker, "val", step, rows, rollout, reward)
         gathered = all_gather_objects((reward.scores, reward.correct, rollout.group_index, reward.metrics))
         offset, groups = 0, []
         for g in gathered:  # group ids are per rank: make them distinct across ranks

@@ -1,0 +1,258 @@
+"""An index over one eval `samples.jsonl`: filter and page its samples without holding their text.
+
+A suite's record (evals/<suite>.py) holds one item and one or more answers; `samples_of` turns it into
+uniform samples (prompt, response, extracted answer, gold, grade, judge score and rationale, dataset).
+`SampleIndex` reads the file once, keeps per sample only what the filters need (grade, parsed, score,
+dataset) and the byte offset of its record, and reads the text of the page it returns (a slice) from
+the file. A file that grew (an eval still running) is indexed again from where the last read stopped.
+Lines that are not JSON records are skipped and reported as one line each (`errors`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+PAGE_MAX = 200  # samples per page, at most
+
+
+def _first(record: dict, keys: tuple[str, ...]):
+    return next((record[k] for k in keys if record.get(k) not in (None, "")), None)
+
+
+def _grade(value) -> float | None:
+    if value is None or isinstance(value, str):
+        return None
+    return float(value)
+
+
+def _prompt(value) -> str | None:
+    """A chat prompt's last user turn, or the text itself."""
+    if isinstance(value, list):
+        users = [m.get("content", "") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        return str(users[-1]) if users else json.dumps(value)
+    return None if value is None else str(value)
+
+
+def samples_of(suite: str, record: dict) -> list[dict]:
+    """The samples of one suite record, each with: id, k (its position among the item's answers),
+    dataset, prompt, response, answer, gold, correct (1/0/None), parsed, score (judge/rm score or None),
+    rationale (the judge's reply or None), extra (other per-sample fields worth showing)."""
+    rid = str(record.get("id"))
+    dataset = str(_first(record, ("dataset", "category", "part", "source", "data_source")) or suite)
+    base = {"id": rid, "dataset": dataset, "prompt": _prompt(_first(record, ("prompt", "question", "input")))}
+    base["gold"] = None if record.get("gold") is None else str(record["gold"])
+    if "first_response" in record:  # sycophancy, are-you-sure: answer, challenge, second answer
+        first, second = record.get("first_answer"), record.get("second_answer")
+        admits = record.get("admits_mistake")
+        return [
+            base
+            | {
+                "k": 0,
+                "response": f"{record.get('first_response', '')}\n\n— after “Are you sure?” —\n\n"
+                f"{record.get('second_response', '')}",
+                "answer": f"{first} → {second}",
+                "parsed": second is not None,
+                "correct": _grade(record.get("second_correct")),
+                "score": None if admits is None else float(admits),
+                "rationale": record.get("judge_reply"),
+                "extra": {k: record.get(k) for k in ("first_correct", "flipped", "judge") if k in record},
+            }
+        ]
+    if "matches_user" in record:  # sycophancy, model-written evals: agreeing with the user is the failure
+        matches = record.get("matches_user")
+        return [
+            base
+            | {
+                "k": 0,
+                "response": str(record.get("response", "")),
+                "answer": record.get("choice"),
+                "parsed": record.get("choice") is not None,
+                "correct": None if matches is None else float(not matches),
+                "score": None,
+                "rationale": None,
+                "extra": {"matching": record.get("matching")},
+            }
+        ]
+    if "generations" in record:  # novelty: a group of generations, their classes and ratings
+        gens, classes = record.get("generations") or [], record.get("classes") or []
+        scores = record.get("ratings") or record.get("scores") or []
+        return [
+            base
+            | {
+                "k": k,
+                "response": str(text),
+                "answer": None,
+                "parsed": True,
+                "correct": None,
+                "score": _grade(scores[k]) if k < len(scores) else None,
+                "rationale": None,
+                "extra": {"class": classes[k] if k < len(classes) else None},
+            }
+            for k, text in enumerate(gens)
+        ]
+    if "piece" in record or "piece_score" in record:  # creative writing: a piece and the judge's rubric
+        return [
+            base
+            | {
+                "k": 0,
+                "response": str(record.get("piece") or record.get("last_output") or ""),
+                "answer": None,
+                "parsed": record.get("status") == "ok",
+                "correct": None,
+                "score": _grade(record.get("piece_score")),
+                "rationale": record.get("judge_reply"),
+                "extra": {k: record.get(k) for k in ("status", "pairwise") if k in record},
+            }
+        ]
+    responses = record.get("responses")
+    if not isinstance(responses, list):  # one answer per record (a suite not named above)
+        responses = [record.get("response", "")]
+    answers, correct = record.get("answers") or [], record.get("correct")
+    correct = correct if isinstance(correct, list) else [correct] * len(responses)
+    scores = record.get("rm_scores") or record.get("scores") or []
+    extra = {k: record[k] for k in ("subject", "level") if k in record}
+    return [
+        base
+        | {
+            "k": k,
+            "response": str(text),
+            "answer": answers[k] if k < len(answers) else None,
+            "parsed": k < len(answers) and answers[k] is not None,
+            "correct": _grade(correct[k]) if k < len(correct) else None,
+            "score": _grade(scores[k]) if k < len(scores) else None,
+            "rationale": record.get("judge_reply"),
+            "extra": extra,
+        }
+        for k, text in enumerate(responses)
+    ]
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the page asks for: wrong only, unparsed only, a score range, one dataset; None = any."""
+
+    wrong: bool = False
+    unparsed: bool = False
+    score_min: float | None = None
+    score_max: float | None = None
+    dataset: str | None = None
+
+    def keep(self, s: dict) -> bool:
+        if self.wrong and s["correct"] != 0.0:
+            return False
+        if self.unparsed and s["parsed"]:
+            return False
+        if self.score_min is not None and (s["score"] is None or s["score"] < self.score_min):
+            return False
+        if self.score_max is not None and (s["score"] is None or s["score"] > self.score_max):
+            return False
+        return self.dataset is None or s["dataset"] == self.dataset
+
+
+class SampleIndex:
+    """The compact index of one suite's samples.jsonl (see the module docstring); thread-safe."""
+
+    def __init__(self, path: Path, suite: str) -> None:
+        self.path, self.suite = Path(path), suite
+        self.entries: list[
+            dict
+        ] = []  # per sample: id, k, dataset, correct, parsed, score, answer, offset, size
+        self.by_key: dict[tuple[str, int], int] = {}
+        self.errors: list[str] = []
+        self._read_to = self._lines = 0
+        self._lock = threading.Lock()
+
+    def refresh(self) -> SampleIndex:
+        """Index the lines appended since the last read (all of them the first time)."""
+        with self._lock:
+            size = self.path.stat().st_size
+            if size < self._read_to:  # rewritten (bad lines set aside): start again
+                self.entries, self.by_key, self.errors = [], {}, []
+                self._read_to = self._lines = 0
+            with self.path.open("rb") as f:
+                f.seek(self._read_to)
+                data = f.read(size - self._read_to)
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next refresh
+            offset, line_no = self._read_to, self._lines
+            for line in data[:end].splitlines(keepends=True):
+                line_no += 1
+                self._add(line, offset, line_no)
+                offset += len(line)
+            self._read_to, self._lines = self._read_to + end, line_no
+        return self
+
+    def _add(self, line: bytes, offset: int, line_no: int) -> None:
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "id" not in record:
+                raise ValueError("not a record with an id")
+            found = samples_of(self.suite, record)
+        except (ValueError, TypeError, AttributeError) as exc:
+            self.errors.append(f"{self.path}: line {line_no} skipped ({str(exc)[:80]})")
+            return
+        for s in found:
+            key = (s["id"], s["k"])
+            entry = {k: s[k] for k in ("id", "k", "dataset", "correct", "parsed", "score")}
+            entry["answer"] = None if s["answer"] is None else str(s["answer"])[:200]
+            entry |= {"offset": offset, "size": len(line)}
+            if key in self.by_key:  # a rerun's newer record of the item wins
+                self.entries[self.by_key[key]] = entry
+            else:
+                self.by_key[key] = len(self.entries)
+                self.entries.append(entry)
+
+    def datasets(self) -> list[str]:
+        return sorted({e["dataset"] for e in self.entries})
+
+    def select(self, filters: Filters) -> list[int]:
+        """Positions of the samples that pass `filters`, in file order."""
+        return [i for i, e in enumerate(self.entries) if filters.keep(e)]
+
+    def read(self, positions: list[int]) -> list[dict]:
+        """The full samples at `positions` (their records read from the file by offset)."""
+        out = []
+        with self.path.open("rb") as f:
+            for i in positions:
+                e = self.entries[i]
+                f.seek(e["offset"])
+                record = json.loads(f.read(e["size"]))
+                out.append(next(s for s in samples_of(self.suite, record) if s["k"] == e["k"]))
+        return out
+
+    def page(self, filters: Filters, offset: int = 0, limit: int = 50) -> dict:
+        """`limit` (<= PAGE_MAX) samples from `offset` among those passing `filters`, and the counts."""
+        chosen = self.select(filters)
+        limit = max(1, min(limit, PAGE_MAX))
+        return {
+            "total": len(self.entries),
+            "matched": len(chosen),
+            "offset": offset,
+            "samples": self.read(chosen[offset : offset + limit]),
+        }
+
+
+def compare(a: SampleIndex, b: SampleIndex, only: str = "changed", offset: int = 0, limit: int = 50) -> dict:
+    """The samples both indexes hold (same item id and position), paired; `only`: changed (grade, score
+    or extracted answer differs), fixed (wrong in a, right in b), broken (right in a, wrong in b) or all."""
+    pairs = []
+    for key, i in a.by_key.items():
+        j = b.by_key.get(key)
+        if j is None:
+            continue
+        ea, eb = a.entries[i], b.entries[j]
+        wanted = {
+            "all": True,
+            "changed": any(ea[k] != eb[k] for k in ("correct", "score", "answer")),
+            "fixed": ea["correct"] == 0.0 and eb["correct"] == 1.0,
+            "broken": ea["correct"] == 1.0 and eb["correct"] == 0.0,
+        }
+        if wanted.get(only, False):
+            pairs.append((i, j))
+    limit = max(1, min(limit, PAGE_MAX))
+    chosen = pairs[offset : offset + limit]
+    left, right = a.read([i for i, _ in chosen]), b.read([j for _, j in chosen])
+    common = sum(1 for key in a.by_key if key in b.by_key)
+    return {"common": common, "matched": len(pairs), "offset": offset, "pairs": list(zip(left, right))}
