@@ -27,14 +27,14 @@ from train.stages.grpo import GRPOTrainer
 class MeasuredTrainer(GRPOTrainer):
     """The trainer with the update's time, FLOPs and peak memory recorded (nothing else changes)."""
 
-    def _update(self, rollout, advantages, mask, old_lp, ref_lp):
+    def _update(self, batch, step):
         cuda = self.policy.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
-        out = super()._update(rollout, advantages, mask, old_lp, ref_lp)
+        out = super()._update(batch, step)
         if cuda:
             torch.cuda.synchronize()
         self.measured = {"update_s": time.perf_counter() - t0}
@@ -43,8 +43,8 @@ class MeasuredTrainer(GRPOTrainer):
             self.measured["peak_update_gib"] = torch.cuda.max_memory_allocated() / 2**30
             self.measured["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
         n = self.cfg.rollout.n
-        prompt_lens = [len(rollout.prompt_ids[g * n]) for g in range(len(rollout) // n)]
-        self.measured["work"] = (prompt_lens, [len(r) for r in rollout.response_ids], n)
+        prompt_lens = [len(batch.prompt_ids[g * n]) for g in range(len(batch) // n)]
+        self.measured["work"] = (prompt_lens, [len(r) for r in batch.response_ids], n)
         return out
 
 

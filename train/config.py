@@ -402,32 +402,37 @@ def validate(cfg: DictConfig) -> None:
                 "algorithm.ppo_mini_batch_size must divide data.prompts_per_step",
             )
         )
-    crit = cfg.critic
-    checks += [
-        (
-            cfg.algorithm.overlong_buffer_len <= cfg.rollout.max_new_tokens,
-            f"algorithm.overlong_buffer_len={cfg.algorithm.overlong_buffer_len} must be <= "
-            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} (the penalty ramps up to the length limit)",
-        ),
-        (crit.lr > 0, "critic.lr must be > 0"),
-        (crit.cliprange_value > 0, "critic.cliprange_value must be > 0"),
-        (crit.warmup_steps >= 0, "critic.warmup_steps must be >= 0"),
-        (crit.ppo_epochs is None or crit.ppo_epochs >= 1, "critic.ppo_epochs must be >= 1 (or null)"),
-        (
-            crit.warmup_steps < cfg.total_steps or cfg.algorithm.adv_estimator != "gae",
-            f"critic.warmup_steps={crit.warmup_steps} leaves no actor step in total_steps={cfg.total_steps}",
-        ),
-        (
-            crit.warmup_steps == 0 or cfg.algorithm.adv_estimator == "gae",
-            "critic.warmup_steps needs a critic: set algorithm.adv_estimator=gae (or critic.warmup_steps=0)",
-        ),
-    ]
     _fail_first(checks)
-    validate_algorithm(cfg.algorithm, cfg.reward._target_)
+    validate_algorithm(cfg.algorithm, cfg.reward._target_, cfg)
 
 
-def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> None:
-    """Mode names against the method table, knob values, and what the estimator needs from the reward."""
+def _validate_critic(cfg: DictConfig, has_critic: bool) -> None:
+    """The critic's keys; a critic exists where the estimator needs `values` (PPO with GAE)."""
+    crit = cfg.critic
+    _fail_first(
+        [
+            (crit.lr > 0, "critic.lr must be > 0"),
+            (crit.cliprange_value > 0, "critic.cliprange_value must be > 0"),
+            (crit.warmup_steps >= 0, "critic.warmup_steps must be >= 0"),
+            (crit.ppo_epochs is None or crit.ppo_epochs >= 1, "critic.ppo_epochs must be >= 1 (or null)"),
+            (
+                crit.warmup_steps < cfg.total_steps or not has_critic,
+                f"critic.warmup_steps={crit.warmup_steps} leaves no actor step in total_steps={cfg.total_steps}",
+            ),
+            (
+                crit.warmup_steps == 0 or has_critic,
+                "critic.warmup_steps needs a critic: use an estimator that needs values, e.g. "
+                "algorithm.adv_estimator=gae (or critic.warmup_steps=0)",
+            ),
+        ]
+    )
+
+
+def validate_algorithm(
+    algo: DictConfig, reward_target: str | None = None, run: DictConfig | None = None
+) -> None:
+    """Mode names against the method table, knob values, the enabled step plug-ins' checks (with the run
+    config `run`), and what the estimator needs from the reward: the one check of an estimator's needs."""
     from train.algorithms import registry
     from train.algorithms.losses import KL_PENALTIES, LOSS_AGG_MODES
 
@@ -459,16 +464,18 @@ def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> No
             ),
         ]
     )
+    if run is not None:
+        for plugin in registry.step_plugins(algo):
+            problem = plugin.check(algo, run) if plugin.check else None
+            if problem:
+                raise ConfigError(f"bad config value: {problem}")
+        _validate_critic(run, "values" in estimator.needs)
     from train.components import class_constant
 
     provided = set(class_constant(reward_target, "provides_signals") if reward_target else ())
     provided |= {f"{n.removesuffix('_spans')}_token_mask" for n in provided if n.endswith("_spans")}
     hint = f": use {estimator.hint}" if estimator.hint else ""
     for need in estimator.needs:
-        if need == "token_rewards":
-            raise ConfigError(
-                f"algorithm.adv_estimator={estimator.name} needs {need}, which the GRPO trainer does not compute"
-            )
         if need.startswith("signals.") and need.removeprefix("signals.") not in provided:
             name = (reward_target or "the reward").rpartition(".")[2]
             raise ConfigError(

@@ -21,7 +21,7 @@ import math
 import torch
 
 from train.algorithms.losses import masked_mean
-from train.algorithms.registry import Knob, register_knobs
+from train.algorithms.registry import Knob, register_step
 
 __all__ = [
     "IS_LEVELS",
@@ -29,6 +29,7 @@ __all__ = [
     "ROLLOUT_CORRECTION_KNOBS",
     "masked_is_mask",
     "mismatch_metrics",
+    "rollout_correction",
     "truncated_is_weights",
 ]
 
@@ -172,4 +173,54 @@ ROLLOUT_CORRECTION_KNOBS = {
     "rollout_rs_lower": Knob(0.5, "masked IS: lowest kept ratio pi_train / pi_rollout", float, valid=lambda x: x > 0, rule="> 0"),
     "rollout_rs_upper": Knob(2.0, "masked IS: highest kept ratio pi_train / pi_rollout", float, valid=lambda x: x > 0, rule="> 0"),
 }  # fmt: skip
-register_knobs("rollout_correction", ROLLOUT_CORRECTION_KNOBS, truncated_is_weights)
+
+
+# ==== the step plug-ins: rollout correction before the update, mismatch figures after it ============
+def rollout_correction(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor, cfg
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """The one entry point of rollout/trainer correction: (loss mask, IS weights or None, metrics).
+
+    old_log_prob (the trainer's), rollout_log_prob (the engine's), response_mask: (B, T); ``cfg`` the
+    algorithm config (``rollout_rs*``, ``rollout_is*``). Masked IS (``rollout_rs``) first, then TIS weights
+    (``rollout_is``) over the tokens it kept."""
+    log_ratio = (old_log_prob - rollout_log_prob) * response_mask
+    loss_mask, is_weights, metrics = response_mask, None, {}
+    if cfg.rollout_rs is not None:
+        loss_mask, rs_metrics = masked_is_mask(
+            log_ratio, response_mask, cfg.rollout_rs, cfg.rollout_rs_lower, cfg.rollout_rs_upper
+        )
+        metrics.update(rs_metrics)
+    if cfg.rollout_is is not None:
+        is_weights, is_metrics = truncated_is_weights(
+            log_ratio, loss_mask, cfg.rollout_is, cfg.rollout_is_threshold, cfg.rollout_is_batch_normalize
+        )
+        metrics.update(is_metrics)
+    return loss_mask, is_weights, metrics
+
+
+@register_step(
+    "rollout_correction",
+    "before_update",
+    enabled=lambda cfg: cfg.rollout_is is not None or cfg.rollout_rs is not None,
+    knobs=ROLLOUT_CORRECTION_KNOBS,
+    needs=("old_log_probs", "rollout_log_probs"),
+)
+def rollout_correction_step(cfg, batch, ctx) -> dict[str, float]:
+    """``batch["loss_mask"]`` and ``batch["is_weights"]`` from :func:`rollout_correction`."""
+    loss_mask, is_weights, metrics = rollout_correction(
+        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], cfg
+    )
+    batch["loss_mask"] = loss_mask
+    if is_weights is not None:
+        batch["is_weights"] = is_weights
+    return metrics
+
+
+@register_step("mismatch_metrics", "after_update", enabled=lambda cfg: True)
+def mismatch_step(cfg, batch, ctx) -> dict[str, float]:
+    """:func:`mismatch_metrics` every step where both log-probs exist (the trainer's: its old log-probs,
+    or those the single on-policy update saw)."""
+    if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
+        return {}
+    return mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])

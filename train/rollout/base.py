@@ -12,6 +12,8 @@ from typing import Protocol
 
 import torch
 
+from train.batch import Batch
+
 
 @dataclass
 class SamplingConfig:
@@ -26,29 +28,12 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
 
-@dataclass
-class Rollout:
-    """n samples per prompt, flattened prompt-major: sample j of prompt p is row p * n + j."""
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    response_logprobs: list[list[float]]  # log-probs of the sampled tokens under the engine's weights
-    texts: list[str]
-    finish_reasons: list[str]  # "stop" (EOS or stop string) or "length" (hit max_new_tokens)
-    group_index: list[int]  # index of the prompt each row was sampled for
-
-    def __len__(self) -> int:
-        return len(self.response_ids)
-
-    @property
-    def num_response_tokens(self) -> int:
-        return sum(len(r) for r in self.response_ids)
-
-
 class RolloutEngine(Protocol):
     """What the trainer and the evals need from a generator."""
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout: ...
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
+        """n samples per prompt as a Batch (rows only), prompt-major: sample j of prompt p is row p * n + j."""
+        ...
 
     def sequence_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]

@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 from hydra.utils import instantiate
 
+from train.batch import Batch
 from train.ray_cluster import connect
-from train.rollout.base import Rollout, SamplingConfig
+from train.rollout.base import SamplingConfig
 
 DEFAULT_INNER = {"_target_": "train.rollout.vllm_engine.VLLMEngine"}
 
@@ -43,19 +44,6 @@ def split_prompts(num_prompts: int, parts: int) -> list[range]:
     return ranges
 
 
-def concat_rollouts(parts: list[Rollout], prompt_offsets: list[int]) -> Rollout:
-    """Rollouts of consecutive prompt ranges as one, group indices shifted to the whole batch's."""
-    out = Rollout([], [], [], [], [], [])
-    for part, offset in zip(parts, prompt_offsets):
-        out.prompt_ids += part.prompt_ids
-        out.response_ids += part.response_ids
-        out.response_logprobs += part.response_logprobs
-        out.texts += part.texts
-        out.finish_reasons += part.finish_reasons
-        out.group_index += [g + offset for g in part.group_index]
-    return out
-
-
 class _EngineActor:
     def __init__(self, spec: dict, kwargs: dict) -> None:
         self.engine = instantiate(spec, **kwargs)
@@ -65,7 +53,7 @@ class _EngineActor:
 
         return ray.get_runtime_context().get_node_id()
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         return self.engine.generate(prompt_ids, sampling)
 
     def sequence_logprobs(self, prompt_ids, response_ids) -> list[list[float]]:
@@ -116,7 +104,7 @@ class RayEngine:
 
         return ray.get([a.node_id.remote() for a in self.actors])
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         import ray
 
         ranges = split_prompts(len(prompt_ids), len(self.actors))
@@ -126,7 +114,7 @@ class RayEngine:
             )
             for actor, r in zip(self.actors, ranges)
         ]
-        return concat_rollouts(ray.get(futures), [r.start for r in ranges])
+        return Batch.concat(ray.get(futures))  # group indices offset to the whole batch's
 
     def sequence_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]

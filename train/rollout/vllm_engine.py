@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from train.rollout.base import Rollout, SamplingConfig, expand_groups
+from train.batch import Batch
+from train.rollout.base import SamplingConfig, expand_groups
 
 SLEEP_LEVELS = (0, 1, 2)  # 0 = never sleep
 
@@ -216,7 +217,7 @@ class VLLMEngine:
             stop=list(sampling.stop) or None,
         )
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         self._wake()
         rows, groups = expand_groups(prompt_ids, sampling.n)
         # One request per sample with its own seed, so each sample depends only on (seed, row), not
@@ -235,7 +236,7 @@ class VLLMEngine:
             logprobs.append([lp[t].logprob for lp, t in zip(c.logprobs, ids)] if c.logprobs else [])
             texts.append(c.text)
             finish.append("length" if c.finish_reason == "length" else "stop")
-        return Rollout(rows, response_ids, logprobs, texts, finish, groups)
+        return Batch(rows, response_ids, logprobs, texts, finish, groups)
 
     def sequence_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]
