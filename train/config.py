@@ -40,22 +40,17 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
+    # the engine and its own settings (rollout.engine.<argument>: e.g. max_model_len, dtype, and on GPUs
+    # gpu_memory_utilization, tensor_parallel_size, sleep_level, enforce_eager for vLLM), or
+    # {_target_: train.rollout.hf_engine.HFEngine}; dtype defaults to the policy's resolved precision
     engine: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "train.rollout.vllm_engine.VLLMEngine", "kv_cache_gb": 1.0}
-    )  # or {_target_: train.rollout.hf_engine.HFEngine}
+    )
     n: int = 4  # samples per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 64
-    dtype: str = "auto"  # engine compute dtype; auto = the policy's resolved precision (float32 | bfloat16)
-    max_model_len: int = 1024
-    gpu_memory_utilization: float = 0.5  # GPU only: share of each GPU vLLM may take (weights + KV cache)
-    tensor_parallel_size: int = 1  # GPU: ranks per vLLM TP group (consecutive ranks); must divide world_size
-    sleep_level: int = (
-        2  # GPU: vLLM sleep before the update (2 = drop weights+KV, 1 = weights to CPU, 0 = off)
-    )
-    enforce_eager: bool | None = None  # None = CUDA graphs on GPU, eager on CPU
 
 
 @dataclass
@@ -155,7 +150,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    # GRPO's rollouts; the offline stages' greedy accuracy check uses engine, max_new_tokens, max_model_len, dtype
+    # GRPO's rollouts; the offline stages' greedy accuracy check uses engine and max_new_tokens
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
@@ -354,19 +349,41 @@ def validate_components(cfg: DictConfig, supplied: dict[str, set[str]] | None = 
         raise ConfigError(str(exc)) from None
 
 
-ENGINE_SUPPLIED = {
-    "rollout.engine": {
-        "model_path",
-        "dtype",
-        "max_model_len",
-        "seed",
-        # train.rollout.vllm_engine.engine_device_kwargs: the rollout.* GPU keys
-        "gpu_memory_utilization",
-        "tensor_parallel_size",
-        "sleep_level",
-        "enforce_eager",
-    }
-}
+def _engine_supplied() -> dict[str, set[str]]:
+    """The arguments the trainer gives every rollout engine (the config need not)."""
+    from train.rollout.base import ENGINE_ARGS
+
+    return {"rollout.engine": set(ENGINE_ARGS)}
+
+
+ENGINE_SUPPLIED = _engine_supplied()
+
+
+def validate_engine(cfg: DictConfig) -> None:
+    """`rollout.engine`: the trainer gives it the weights, and the engine's own checks pass (its class's
+    `check_settings`, with its constructor's arguments as configured or defaulted)."""
+    import inspect
+
+    from train.components import HYDRA_KEYS, ComponentError, load_target
+
+    node = OmegaConf.to_container(cfg.rollout.engine, resolve=True)
+    if "model_path" in node:
+        raise ConfigError(
+            "rollout.engine.model_path: the trainer gives the engine the policy's weights; set model.path"
+        )
+    try:
+        engine = load_target("rollout.engine", node["_target_"])
+    except ComponentError as exc:
+        raise ConfigError(str(exc)) from None
+    check = getattr(engine, "check_settings", None)
+    if check is None:
+        return
+    bound = inspect.signature(engine).bind_partial(**{k: v for k, v in node.items() if k not in HYDRA_KEYS})
+    bound.apply_defaults()
+    try:
+        check(world_size=cfg.world_size, **bound.arguments)
+    except ValueError as exc:
+        raise ConfigError(f"bad config value: {exc}") from None
 
 
 def validate(cfg: DictConfig) -> None:
@@ -386,12 +403,6 @@ def validate(cfg: DictConfig) -> None:
             cfg.data.prompts_per_step % cfg.world_size == 0,
             "data.prompts_per_step must be divisible by world_size",
         ),
-        (
-            cfg.rollout.tensor_parallel_size >= 1 and cfg.world_size % cfg.rollout.tensor_parallel_size == 0,
-            "rollout.tensor_parallel_size must divide world_size",
-        ),
-        (0 < cfg.rollout.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in (0, 1]"),
-        (cfg.rollout.sleep_level in (0, 1, 2), "rollout.sleep_level must be 0, 1 or 2"),
         (cfg.algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs must be >= 1"),
     ]
     mini = cfg.algorithm.ppo_mini_batch_size
@@ -403,6 +414,7 @@ def validate(cfg: DictConfig) -> None:
             )
         )
     _fail_first(checks)
+    validate_engine(cfg)
     validate_algorithm(cfg.algorithm, cfg.reward._target_, cfg)
 
 

@@ -60,6 +60,7 @@ def schema_lines(schema: type, prefix: str = "", comments: dict | None = None) -
 def component_lines(cfg: DictConfig) -> list[str]:
     """Each configured component's `_target_` and constructor arguments (configured value, else default)."""
     from train.components import ComponentError, find, load_target
+    from train.rollout.base import ENGINE_ARGS
 
     lines = []
     for key, node in find(OmegaConf.to_container(cfg, resolve=True)):
@@ -75,6 +76,8 @@ def component_lines(cfg: DictConfig) -> list[str]:
             if isinstance(node.get(p.name), (dict, list)) and "_target_" in str(node.get(p.name)):
                 continue  # a nested component: its own lines follow
             value = node.get(p.name, "<required>" if p.default is p.empty else p.default)
+            if key == "rollout.engine" and p.name in ENGINE_ARGS and p.name not in node:
+                value = f"<{ENGINE_ARGS[p.name]}>"  # given by the trainer (train/loop.py engine_spec)
             lines.append(f"  {key}.{p.name}={value!r}")
     return lines
 

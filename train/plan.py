@@ -18,9 +18,9 @@ a config that cannot fit and names what to change. Formulas (bytes per GPU; P pa
   layer's full activations while it is recomputed.
 - logits: T x vocab at the compute dtype, twice (the logits and their gradient; the project's
   log-prob kernel never copies them to fp32, train/algorithms/losses.py).
-- vLLM during the rollout: `rollout.gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its
+- vLLM during the rollout: `rollout.engine.gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its
   activations, the rest KV cache at 2·layers·K·d·bytes per token / TP); during the update, with
-  `rollout.sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB assumed) stays.
+  `rollout.engine.sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB assumed) stays.
 
 FLOPs: 2·N per generated or prefilled token, 6·N per trained token (Kaplan et al. 2020), N = non-embedding
 parameters plus the LM head, and causal attention terms (train/flops.py); the step time is those
@@ -182,6 +182,7 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
     mini = algo.ppo_mini_batch_size or cfg.data.prompts_per_step
     updates = algo.ppo_epochs * (cfg.data.prompts_per_step // mini)
     precision = "bf16" if pol.precision in ("bf16", "auto") else "fp32"  # auto picks bf16 on GPUs
+    engine = vllm_settings(r.engine)
     return Workload(
         world_size=cfg.world_size,
         samples_per_step=cfg.data.prompts_per_step * r.n,
@@ -197,12 +198,23 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
         compute_bytes=2 if precision == "bf16" else 4,
         gradient_checkpointing=bool(pol.gradient_checkpointing),
         cpu_offload=bool(pol.cpu_offload),
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        tensor_parallel_size=r.tensor_parallel_size,
-        sleep_level=r.sleep_level,
-        max_model_len=r.max_model_len,
+        gpu_memory_utilization=engine["gpu_memory_utilization"],
+        tensor_parallel_size=engine["tensor_parallel_size"],
+        sleep_level=engine["sleep_level"],
+        max_model_len=engine["max_model_len"],
         engine="hf_generate" if str(r.engine.get("_target_", "")).endswith("HFEngine") else "vllm",
     )
+
+
+def vllm_settings(engine_cfg) -> dict:
+    """The vLLM engine's settings the plan reads: `rollout.engine.<key>` as configured, else the
+    VLLMEngine constructor's defaults (an HF engine plans as `hf_generate` and ignores them)."""
+    import inspect
+
+    from train.rollout.vllm_engine import VLLMEngine
+
+    defaults = {k: p.default for k, p in inspect.signature(VLLMEngine).parameters.items()}
+    return {k: engine_cfg.get(k, defaults[k]) for k in defaults if k != "model_path"}
 
 
 def arch_of(model_path: str) -> tuple[Arch, str]:
@@ -229,7 +241,7 @@ def problems(arch: Arch, w: Workload, mem: dict[str, float], gpu_gib: float) -> 
     if mem["peak_rollout"] > usable:
         room = usable - mem["peak_rollout"] + w.gpu_memory_utilization * gpu_gib
         out.append(
-            f"rollout needs {mem['peak_rollout']:.1f} GiB > {usable:.1f} GiB: lower rollout.gpu_memory_utilization"
+            f"rollout needs {mem['peak_rollout']:.1f} GiB > {usable:.1f} GiB: lower rollout.engine.gpu_memory_utilization"
             f" to <= {max(room, 0) / gpu_gib:.2f}, set policy.cpu_offload=true, or raise world_size"
         )
     if mem["peak_update"] > usable:
@@ -249,21 +261,21 @@ def problems(arch: Arch, w: Workload, mem: dict[str, float], gpu_gib: float) -> 
         if not w.cpu_offload:
             fixes.append("policy.cpu_offload=true")
         if not w.sleep_level:
-            fixes.append("rollout.sleep_level=2")
+            fixes.append("rollout.engine.sleep_level=2")
         fixes.append("a larger world_size")
         out.append(f"update needs {mem['peak_update']:.1f} GiB > {usable:.1f} GiB: " + ", or ".join(fixes))
     if mem["vllm_kv_cache"] <= 0:
         out.append(
             f"vLLM gets no KV cache: its {mem['vllm_rollout']:.1f} GiB do not cover the weights "
-            f"({mem['vllm_weights']:.1f} GiB): raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size"
+            f"({mem['vllm_weights']:.1f} GiB): raise rollout.engine.gpu_memory_utilization or rollout.engine.tensor_parallel_size"
         )
     else:
         seq = w.max_model_len * kv_bytes_per_token(arch, w.tensor_parallel_size) / GIB
         if seq > mem["vllm_kv_cache"]:
             out.append(
                 f"vLLM's KV cache ({mem['vllm_kv_cache']:.1f} GiB) holds less than one sequence of "
-                f"rollout.max_model_len={w.max_model_len} ({seq:.1f} GiB): raise rollout.gpu_memory_utilization "
-                "or rollout.tensor_parallel_size"
+                f"rollout.engine.max_model_len={w.max_model_len} ({seq:.1f} GiB): raise rollout.engine.gpu_memory_utilization "
+                "or rollout.engine.tensor_parallel_size"
             )
     return out
 

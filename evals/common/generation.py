@@ -128,6 +128,7 @@ class VLLMGenerator:
                     dtype=self.dtype,
                     max_model_len=self.max_model_len,
                     kv_cache_gb=self.kv_cache_gb,
+                    gpu_memory_utilization=0.9,  # an eval has the GPU to itself
                 )
             except Exception as exc:
                 raise GenerationError(f"checkpoint {model_dir} cannot be loaded: {_one_line(exc)}") from None

@@ -8,11 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # config validation reads ENGINE_ARGS without importing torch
+    import torch
 
-from train.batch import Batch
+    from train.batch import Batch
+
+# What the trainer gives an engine's constructor (train/loop.py engine_spec), besides its own
+# `rollout.engine.<argument>` settings: the policy's weights always; the compute dtype (the policy's
+# resolved precision) and the run's seed where the engine takes them and the config does not set them.
+ENGINE_ARGS = {
+    "model_path": "the policy's weights (model.path; not a rollout.engine key)",
+    "dtype": "the policy's resolved precision",
+    "seed": "the run's seed",
+}
 
 
 @dataclass
@@ -29,7 +39,9 @@ class SamplingConfig:
 
 
 class RolloutEngine(Protocol):
-    """What the trainer and the evals need from a generator."""
+    """What the trainer and the evals need from a generator. Built from `rollout.engine` (its `_target_`
+    and its own settings) with ENGINE_ARGS; a class may define `check_settings(world_size, **arguments)`,
+    raising a ValueError that names the key, which config validation runs before any model loads."""
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         """n samples per prompt as a Batch (rows only), prompt-major: sample j of prompt p is row p * n + j."""

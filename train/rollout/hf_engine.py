@@ -17,9 +17,7 @@ from train.rollout.base import SamplingConfig, expand_groups
 
 
 class HFEngine:
-    def __init__(
-        self, model_path: str | Path, dtype: str = "float32", batch_size: int = 64, **_: object
-    ) -> None:
+    def __init__(self, model_path: str | Path, dtype: str = "float32", batch_size: int = 64) -> None:
         self.dtype = getattr(torch, dtype)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self.device = self.device or torch.device("cpu")

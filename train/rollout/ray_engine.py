@@ -25,8 +25,9 @@ import torch
 from hydra.utils import instantiate
 
 from train.batch import Batch
+from train.components import target_params
 from train.ray_cluster import connect
-from train.rollout.base import SamplingConfig
+from train.rollout.base import ENGINE_ARGS, SamplingConfig
 
 DEFAULT_INNER = {"_target_": "train.rollout.vllm_engine.VLLMEngine"}
 
@@ -90,7 +91,13 @@ class RayEngine:
         spec = dict(engine or DEFAULT_INNER)
         if spec.get("_target_", "").endswith("RayEngine"):
             raise ValueError("rollout.engine.engine: a RayEngine cannot wrap another RayEngine")
-        kwargs = {"model_path": str(model_path), **engine_kwargs}
+        _, params = target_params("rollout.engine.engine", spec["_target_"])
+        takes = {p.name for p in params or ()} if params and not any(p.var_keyword for p in params) else None
+        # what the trainer supplies every engine (ENGINE_ARGS) goes on only where the inner engine takes it
+        kwargs = {
+            "model_path": str(model_path),
+            **{k: v for k, v in engine_kwargs.items() if takes is None or k in takes or k not in ENGINE_ARGS},
+        }
         remote = ray.remote(
             num_cpus=num_cpus_per_engine, num_gpus=num_gpus_per_engine, scheduling_strategy="SPREAD"
         )(_EngineActor)
