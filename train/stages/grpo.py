@@ -35,11 +35,11 @@ from train.algorithms.losses import actor_loss, global_normalisers
 from train.batch import Batch
 from train.config import train_schema, validate
 from train.data import PromptSampler, encode_prompts
+from train.heldout_metrics import heldout_metrics
 from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
 from train.rollout.base import SamplingConfig
-from train.validation import heldout_metrics
 
 # Who computes each input an estimator or a step plug-in may need (registry.INPUTS), in the order they
 # run: (trainer method, needs the rollout engine awake). Engine inputs run before the engine sleeps.
@@ -536,7 +536,7 @@ class GRPOTrainer(TrainingLoop):
         return m
 
     def validate(self, step: int) -> dict[str, float]:
-        """Held-out answers scored by the training reward: `val/*` metrics (train/validation.py).
+        """Held-out answers scored by the training reward: `val/*` metrics (train/heldout_metrics.py).
 
         One greedy answer per prompt, or `data.val_n` samples at `data.val_temperature` (pass@1..n and the
         reward's diversity figures: distinct correct answers per prompt, distinct_k)."""
