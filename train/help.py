@@ -14,16 +14,20 @@ from train import config
 
 
 def field_comments() -> dict[tuple[str, str], str]:
-    """{(class name, field): the comment beside the field} of train/config.py."""
+    """{(class name, field): the comment beside the field} of train/config.py (on the field's own line, or
+    on the closing line of a declaration the formatter wrapped)."""
     comments: dict[tuple[str, str], str] = {}
-    current = ""
+    current = name = ""
     for line in inspect.getsource(config).splitlines():
         m = re.match(r"class (\w+)", line)
         if m:
-            current = m.group(1)
-        m = re.match(r"\s+(\w+): [^=]+= .*?#\s*(.*)$", line)
+            current, name = m.group(1), ""
+        m = re.match(r"\s+(\w+): [^=]+= ", line)
         if m:
-            comments[(current, m.group(1))] = m.group(2)
+            name = m.group(1)
+        m = re.match(r"\s*[^#\s][^#]*#\s*(.*)$", line)  # code, then a comment
+        if m and name and (current, name) not in comments:
+            comments[(current, name)] = m.group(1)
     return comments
 
 
