@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.algorithms.losses import kl_penalty
+from train.algorithms.kl import kl_penalty
 from train.algorithms.policy_losses import (
     POLICY_LOSS_KNOBS,
     cispo_entry,

@@ -479,7 +479,8 @@ def validate_algorithm(
     """Mode names against the method table, knob values, the enabled step plug-ins' checks (with the run
     config `run`), and what the estimator needs from the reward: the one check of an estimator's needs."""
     from train.algorithms import registry
-    from train.algorithms.losses import KL_PENALTIES, LOSS_AGG_MODES
+    from train.algorithms.aggregation import LOSS_AGG_MODES
+    from train.algorithms.kl import KL_PENALTIES
 
     try:
         estimator = registry.adv_estimator(algo.adv_estimator)

@@ -17,7 +17,7 @@ a config that cannot fit and names what to change. Formulas (bytes per GPU; P pa
   With `policy.gradient_checkpointing` only each layer's input (h per token) is kept, plus one
   layer's full activations while it is recomputed.
 - logits: T x vocab at the compute dtype, twice (the logits and their gradient; the project's
-  log-prob kernel never copies them to fp32, train/algorithms/losses.py).
+  log-prob kernel never copies them to fp32, train/policy/logprobs.py).
 - vLLM during the rollout: `rollout.engine.gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its
   activations, the rest KV cache at 2·layers·K·d·bytes per token / TP); during the update, with
   `rollout.engine.sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB assumed) stays.

@@ -6,7 +6,7 @@ number of responses in the batch that measured KL. Above the target beta grows, 
 most 20% of n_steps / horizon per update. The coefficient is plain state (a float) so the trainer can
 checkpoint it with the rest of its state.
 
-Per-token KL in the reward itself is ``losses.apply_kl_in_reward`` (rewards_t = scores_t - beta * kl_t); the
+Per-token KL in the reward itself is ``kl.apply_kl_in_reward`` (rewards_t = scores_t - beta * kl_t); the
 step plug-in ``kl_in_reward`` applies it before the estimator and moves the coefficient.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.algorithms.losses import KL_PENALTIES, apply_kl_in_reward, kl_penalty
+from train.algorithms.kl import KL_PENALTIES, apply_kl_in_reward, kl_penalty
 from train.algorithms.registry import Knob, register_step
 
 __all__ = ["KL_CTRL_KNOBS", "KLController", "adaptive_kl_coef", "kl_in_reward"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from train.algorithms.losses import masked_mean
+from train.algorithms.aggregation import masked_mean
 from train.algorithms.registry import policy_loss_from
 
 __all__ = [

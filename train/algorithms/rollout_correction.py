@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from train.algorithms.losses import masked_mean
+from train.algorithms.aggregation import masked_mean
 from train.algorithms.registry import Knob, register_step
 
 __all__ = [

@@ -32,7 +32,6 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from train.policy.batching import (
     MicroBatch,
     empty_micro_batch,
@@ -41,6 +40,7 @@ from train.policy.batching import (
     make_shared_micro_batches,
 )
 from train.policy.distributed import all_reduce_max, device
+from train.policy.logprobs import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from train.policy.precision import PRECISIONS, resolve_precision
 
 ATTENTION = ("auto", "sdpa", "flash_attention_2", "eager")

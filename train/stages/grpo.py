@@ -28,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.datasets import load_prompt_rows
 from train import checkpoint as ckpt
 from train.algorithms import registry
+from train.algorithms.actor_loss import actor_loss
+from train.algorithms.aggregation import global_normalisers
 from train.algorithms.classmate import char_span_to_token_span, cot_token_mask
 from train.algorithms.dapo import check_gen_batches, select_groups, varied_groups
 from train.algorithms.gae import actor_trains_at, value_loss
-from train.algorithms.losses import actor_loss, global_normalisers
 from train.batch import Batch
 from train.config import train_schema, validate
 from train.data import PromptSampler, encode_prompts
