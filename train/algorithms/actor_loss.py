@@ -18,6 +18,7 @@ from train.algorithms.kl import kl_penalty
 from train.algorithms.registry import Knob, policy_loss_from
 
 __all__ = [
+    "CLIP_KNOBS",
     "actor_loss",
     "policy_loss",
     "vanilla_policy_loss",
@@ -93,12 +94,15 @@ def _ppo_terms(
     return pg_losses, metrics
 
 
+CLIP_KNOBS = {  # shared by every clipped mode (policy_losses.py)
+    "clip_ratio_low": Knob(0.2, "PPO clip: ratio >= 1 - clip_ratio_low"),
+    "clip_ratio_high": Knob(0.2, "PPO clip: ratio <= 1 + clip_ratio_high"),
+}
 vanilla_policy_loss = policy_loss_from(
     "vanilla",
     _ppo_terms,  # the PPO clip + dual clip loss: per-token (B, T) loss and clip metrics
     {
-        "clip_ratio_low": (0.2, "PPO clip: ratio >= 1 - clip_ratio_low"),
-        "clip_ratio_high": (0.2, "PPO clip: ratio <= 1 + clip_ratio_high"),
+        **CLIP_KNOBS,
         "clip_ratio_c": Knob(3.0, "dual-clip bound for negative advantages", float, valid=lambda c: c > 1, rule="> 1"),
     },
 )  # fmt: skip

@@ -101,7 +101,7 @@ def overlong_penalty(
 
 
 DYNAMIC_SAMPLING_KNOBS = {
-    "filter_groups": (False, "DAPO dynamic sampling: drop groups whose rewards are all equal, refill"),
+    "filter_groups": Knob(False, "DAPO dynamic sampling: drop groups whose rewards are all equal, refill"),
     "filter_groups_metric": Knob("score", "value compared within a group: score | acc", str, choices=("score", "acc")),
     "max_num_gen_batches": Knob(10, "dynamic sampling: generation batches per step before giving up (0 = no cap)", int, valid=lambda n: n >= 0, rule=">= 0"),
 }  # fmt: skip

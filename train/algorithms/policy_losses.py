@@ -11,12 +11,11 @@ Shapes: old_log_prob, log_prob, advantages, response_mask all (B, T); ``log_prob
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from train.algorithms.actor_loss import CLIP_KNOBS
 from train.algorithms.aggregation import masked_mean
-from train.algorithms.registry import policy_loss_from
+from train.algorithms.registry import Knob, policy_loss_from
 
 __all__ = [
     "POLICY_LOSS_KNOBS",
@@ -208,27 +207,23 @@ def sapo_loss(
 
 
 # ---- method-table adapters: fn(old_log_prob, log_prob, advantages, response_mask, cfg, extras) -----------
-CLIP_KNOBS = {
-    "clip_ratio_low": (0.2, "PPO clip: ratio >= 1 - clip_ratio_low"),
-    "clip_ratio_high": (0.2, "PPO clip: ratio <= 1 + clip_ratio_high"),
-}
-POLICY_LOSS_KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
+POLICY_LOSS_KNOBS: dict[str, dict[str, Knob]] = {
     "gspo": CLIP_KNOBS,
     "clip_cov": {
         **CLIP_KNOBS,
-        "clip_cov_ratio": (0.0002, "Clip-Cov: share of valid tokens whose gradient is cut"),
-        "clip_cov_lb": (1.0, "Clip-Cov: lower bound of the covariance of a cut token"),
-        "clip_cov_ub": (5.0, "Clip-Cov: upper bound of the covariance of a cut token"),
+        "clip_cov_ratio": Knob(0.0002, "Clip-Cov: share of valid tokens whose gradient is cut"),
+        "clip_cov_lb": Knob(1.0, "Clip-Cov: lower bound of the covariance of a cut token"),
+        "clip_cov_ub": Knob(5.0, "Clip-Cov: upper bound of the covariance of a cut token"),
     },
     "kl_cov": {
-        "kl_cov_ratio": (0.0002, "KL-Cov: share of valid tokens given the KL penalty"),
-        "ppo_kl_coef": (0.1, "KL-Cov: coefficient of |logp - old_logp| on those tokens"),
+        "kl_cov_ratio": Knob(0.0002, "KL-Cov: share of valid tokens given the KL penalty"),
+        "ppo_kl_coef": Knob(0.1, "KL-Cov: coefficient of |logp - old_logp| on those tokens"),
     },
     "cispo": CLIP_KNOBS,
     "gpg": {},
     "sapo": {
-        "tau_pos": (1.0, "SAPO gate temperature for positive advantages"),
-        "tau_neg": (1.05, "SAPO gate temperature for non-positive advantages"),
+        "tau_pos": Knob(1.0, "SAPO gate temperature for positive advantages"),
+        "tau_neg": Knob(1.05, "SAPO gate temperature for non-positive advantages"),
     },
 }
 

@@ -5,7 +5,7 @@ An estimator is ``fn(cfg, ctx) -> AdvantageOutput | Tensor (B, T)``: ``cfg`` the
 ``fn(old_log_prob, log_prob, advantages, response_mask, cfg, extras) -> (per-token loss (B, T), metrics)``;
 aggregation (``loss_agg_mode``) is applied after it, by the one shared ``agg_loss``.
 
-Each entry declares its knobs (``{"gamma": (1.0, "discount")}`` or :class:`Knob`), which become config keys
+Each entry declares its knobs (``{"gamma": Knob(1.0, "discount")}``), which become config keys
 ``algorithm.<knob>`` (typed, listed by ``python -m train --help``, checked by ``--validate``), and what it
 needs from the trainer beyond scores, groups and masks (``needs=("baseline_scores",)``,
 ``needs=("signals.classmate_scores",)``), so the trainer supplies it without naming the estimator and
@@ -113,10 +113,10 @@ _TABLES = {"algorithm.adv_estimator": ADV_ESTIMATORS, "algorithm.policy_loss_mod
 
 
 def _knobs(knobs: dict | None) -> dict[str, Knob]:
-    out = {}
     for name, spec in (knobs or {}).items():
-        out[name] = spec if isinstance(spec, Knob) else Knob(*spec)
-    return out
+        if not isinstance(spec, Knob):
+            raise TypeError(f"knob {name!r}: declare it as Knob(default, doc, ...), one style for every knob")
+    return dict(knobs or {})
 
 
 def _register(table: dict[str, Entry], name: str, knobs, needs, hint, **step) -> Callable:

@@ -168,7 +168,7 @@ def masked_is_mask(
 ROLLOUT_CORRECTION_KNOBS = {
     "rollout_is": Knob(None, "rollout/trainer TIS weights: token | sequence | null (off)", str, choices=(None, *IS_LEVELS)),
     "rollout_is_threshold": Knob(2.0, "TIS: weights truncated at this value", float, valid=lambda c: c > 0, rule="> 0"),
-    "rollout_is_batch_normalize": (False, "TIS: rescale the weights to mean 1 over the batch"),
+    "rollout_is_batch_normalize": Knob(False, "TIS: rescale the weights to mean 1 over the batch"),
     "rollout_rs": Knob(None, "masked IS: drop tokens/sequences whose ratio leaves [lower, upper]: token | sequence | geometric | null (off)", str, choices=(None, *RS_LEVELS)),
     "rollout_rs_lower": Knob(0.5, "masked IS: lowest kept ratio pi_train / pi_rollout", float, valid=lambda x: x > 0, rule="> 0"),
     "rollout_rs_upper": Knob(2.0, "masked IS: highest kept ratio pi_train / pi_rollout", float, valid=lambda x: x > 0, rule="> 0"),
