@@ -58,15 +58,15 @@ def test_verl_names_are_config_keys_with_one_line_errors():
         algo = build_config(preset=preset).algorithm
         assert (algo.policy_loss_mode, algo.loss_agg_mode) == (preset, "seq-mean-token-mean")
     bad = {
-        "algorithm.kl_ctrl.type=pid": r"algorithm.kl_ctrl.type='pid' \(known: fixed, adaptive\)",
-        "algorithm.kl_ctrl.horizon=0": "algorithm.kl_ctrl.horizon must be > 0",
+        "algorithm.kl_ctrl.type=pid": "algorithm.kl_ctrl.type='pid' must be one of fixed, adaptive",
+        "algorithm.kl_ctrl.horizon=0": "algorithm.kl_ctrl.horizon=0 must be > 0",
         "algorithm.kl_penalty=k9": "algorithm.kl_penalty='k9' must be one of",
         "algorithm.kl_loss_type=k9+": "algorithm.kl_loss_type='k9\\+'",
         "algorithm.rollout_is=word": "algorithm.rollout_is='word' must be one of",
         "algorithm.rollout_rs_upper=-1": "algorithm.rollout_rs_upper=-1.0 must be > 0",
         "algorithm.overlong_buffer_len=100": "overlong_buffer_len=100 must be <= rollout.max_new_tokens=64",
         "algorithm.lam=2": r"algorithm.lam=2.0 must be in \[0, 1\]",
-        "critic.warmup_steps=2": "critic.warmup_steps needs a critic: set algorithm.adv_estimator=gae",
+        "critic.warmup_steps=2": "critic.warmup_steps needs a critic: .*algorithm.adv_estimator=gae",
         "algorithm.filter_groups_metric=f1": "algorithm.filter_groups_metric='f1' must be one of",
     }
     for override, message in bad.items():
