@@ -39,8 +39,16 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from train.algorithms import (
+    actor_loss,
+    aggregation,
+    gae,
+    group_estimators,
+    policy_losses,
+    rollout_correction,
+)
 from train.algorithms import advantages as adv
-from train.algorithms import gae, group_estimators, losses, policy_losses, rollout_correction
+from train.algorithms import kl as kl_terms
 from train.algorithms.kl_control import KLController
 
 D = torch.float64
@@ -213,19 +221,19 @@ def loss_rows(verl, gen) -> list[Row]:
     def compare(name, test, ours_fn, verl_fn, agg, seed=None, note=""):
         if seed is not None:
             torch.manual_seed(seed)
-        ours_loss, ours_grad = _grad(lambda lp: losses.agg_loss(ours_fn(lp)[0], m, agg), logp)
+        ours_loss, ours_grad = _grad(lambda lp: aggregation.agg_loss(ours_fn(lp)[0], m, agg), logp)
         if seed is not None:
             torch.manual_seed(seed)
         verl_loss, verl_grad = _grad(lambda lp: verl_fn(lp)[0], logp)
         rows.append((name, test, max(maxdiff(ours_loss, verl_loss), maxdiff(ours_grad, verl_grad)), note))
 
     low, high = 0.2, 0.28
-    for agg in losses.LOSS_AGG_MODES:
+    for agg in aggregation.LOSS_AGG_MODES:
         cfg = actor_cfg(clip_ratio_low=low, clip_ratio_high=high, loss_agg_mode=agg)
         compare(
             f"vanilla ({agg})",
             "tests/test_losses.py",
-            lambda lp, agg=agg: losses._ppo_terms(old, lp, advs, m, low, high, 3.0),
+            lambda lp, agg=agg: actor_loss._ppo_terms(old, lp, advs, m, low, high, 3.0),
             lambda lp, cfg=cfg, agg=agg: core.compute_policy_loss_vanilla(old, lp, advs, m, agg, cfg),
             agg,
         )
@@ -291,7 +299,7 @@ def loss_rows(verl, gen) -> list[Row]:
     # KL estimators and straight-through variants
     ref = logp + 0.2 * torch.randn(b.B, b.T, generator=gen, dtype=D)
     for kind in ("k1", "abs", "k2", "low_var_kl"):
-        ours_v, ours_g = _grad(lambda lp, k=kind: losses.kl_penalty(lp, ref, k).sum(), logp)
+        ours_v, ours_g = _grad(lambda lp, k=kind: kl_terms.kl_penalty(lp, ref, k).sum(), logp)
         verl_v, verl_g = _grad(lambda lp, k=kind: core.kl_penalty(lp, ref, k).sum(), logp)
         rows.append((f"kl_penalty {kind}", "tests/test_losses.py", max(maxdiff(ours_v, verl_v), maxdiff(ours_g, verl_g)), ""))  # fmt: skip
     for kind in ("k1+", "low_var_kl+"):
@@ -300,16 +308,16 @@ def loss_rows(verl, gen) -> list[Row]:
             note = "verl ran it"
         except NotImplementedError:
             note = "verl raises NotImplementedError for '+' names; compared with verl's base value and k2 gradient"
-        ours_v, ours_g = _grad(lambda lp, k=kind: losses.kl_penalty(lp, ref, k).sum(), logp)
+        ours_v, ours_g = _grad(lambda lp, k=kind: kl_terms.kl_penalty(lp, ref, k).sum(), logp)
         verl_v = core.kl_penalty(logp, ref, kind[:-1]).sum()
         _, verl_g = _grad(lambda lp: core.kl_penalty(lp, ref, "k2").sum(), logp)
         rows.append((f"kl_penalty {kind}", "tests/test_policy_losses.py", max(maxdiff(ours_v, verl_v), maxdiff(ours_g, verl_g)), note))  # fmt: skip
     theirs = core.compute_rewards(b.token_rewards, logp, ref, 0.05)
-    ours, _ = losses.apply_kl_in_reward(b.token_rewards, logp, ref, m, 0.05, "k1")
+    ours, _ = kl_terms.apply_kl_in_reward(b.token_rewards, logp, ref, m, 0.05, "k1")
     rows.append(("kl in reward (k1, per token)", "tests/test_group_estimators.py", maxdiff(ours, theirs, m), "verl's compute_rewards (apply_kl_penalty needs DataProto)"))  # fmt: skip
-    for agg in losses.LOSS_AGG_MODES:
+    for agg in aggregation.LOSS_AGG_MODES:
         mat = torch.randn(b.B, b.T, generator=gen, dtype=D)
-        rows.append((f"agg_loss {agg}", "tests/test_losses.py", maxdiff(losses.agg_loss(mat, m, agg), core.agg_loss(mat, m, agg)), ""))  # fmt: skip
+        rows.append((f"agg_loss {agg}", "tests/test_losses.py", maxdiff(aggregation.agg_loss(mat, m, agg), core.agg_loss(mat, m, agg)), ""))  # fmt: skip
     return rows
 
 
@@ -460,7 +468,7 @@ def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
     modes = (
         (
             "vanilla",
-            lambda lp: losses._ppo_terms(old, lp, advs, m, 0.2, 0.28, 3.0),
+            lambda lp: actor_loss._ppo_terms(old, lp, advs, m, 0.2, 0.28, 3.0),
             core.compute_policy_loss_vanilla,
             clip,
         ),  # fmt: skip
@@ -498,7 +506,7 @@ def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
     for w in (None, weights):
 
         def geo_diff(w=w):
-            ours_l, ours_g = _grad(lambda lp: losses.agg_loss(policy_losses.geo_mean_loss(old, lp, advs, m, 0.2, 0.28, w)[0], m, "seq-mean-token-mean"), logp)  # fmt: skip
+            ours_l, ours_g = _grad(lambda lp: aggregation.agg_loss(policy_losses.geo_mean_loss(old, lp, advs, m, 0.2, 0.28, w)[0], m, "seq-mean-token-mean"), logp)  # fmt: skip
             verl_l, verl_g = _grad(lambda lp: core.compute_policy_loss_geo_mean(old, lp, advs, m, "token-mean", clip, rollout_is_weights=w)[0], logp)  # fmt: skip
             return max(maxdiff(ours_l, verl_l), maxdiff(ours_g, verl_g))
 
@@ -517,7 +525,7 @@ def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
         ours_cfg = _rc_cfg(**{k: v for k, v in corr.items() if k != "loss_type"}, loss_type=loss_type, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)  # fmt: skip
 
         def bypass_diff(cfg=cfg, ours_cfg=ours_cfg, current=current):
-            ours_l, ours_g = _grad(lambda lp: losses.agg_loss(policy_losses.bypass_mode_loss(rollout, lp, advs, m, ours_cfg)[0], m, "token-mean"), current)  # fmt: skip
+            ours_l, ours_g = _grad(lambda lp: aggregation.agg_loss(policy_losses.bypass_mode_loss(rollout, lp, advs, m, ours_cfg)[0], m, "token-mean"), current)  # fmt: skip
             verl_l, verl_g = _grad(lambda lp: core.compute_policy_loss_bypass_mode(rollout, lp, advs, m, "token-mean", cfg)[0], current)  # fmt: skip
             return max(maxdiff(ours_l, verl_l), maxdiff(ours_g, verl_g))
 

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from train.algorithms.advantages import compute_grpo_outcome_advantage
+from train.batch import Batch
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
 from train.stages.grpo import make_actor_loss_fn
@@ -39,8 +40,12 @@ def main(model: str, out: str, mode: str) -> None:
     policy = Policy(model, lr=1e-2, grad_clip=1e9, micro_batch_tokens=40, pad_id=0)
     algo = SimpleNamespace(policy_loss_mode="vanilla", entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k1",
                            clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode=mode)  # fmt: skip
-    loss_fn = make_actor_loss_fn(algo, adv[mine], mask[mine], None, None, scale_factor=width, world=world)
-    metrics = policy.train_step([prompts[i] for i in mine], [responses[i] for i in mine], loss_fn)
+    batch = Batch(
+        prompts, responses, [], [], [], groups.tolist(), tensors={"advantages": adv, "response_mask": mask}
+    )
+    part = batch.select(mine)
+    loss_fn = make_actor_loss_fn(algo, part, scale_factor=width, world=world)
+    metrics = policy.train_step(part.prompt_ids, part.response_ids, loss_fn)
     grads = {}
     for name, param in policy.model.named_parameters():
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad

@@ -42,9 +42,9 @@ class RecordingTrainer(GRPOTrainer):
         finally:
             self.reward_fn = inner
 
-    def _update(self, rollout, advantages, mask, old_lp, ref_lp, *rest):
-        self.last = (rollout, advantages.clone(), mask)
-        return super()._update(rollout, advantages, mask, old_lp, ref_lp, *rest)
+    def _update(self, batch, step):
+        self.last = (batch, batch["advantages"].clone(), batch["response_mask"])
+        return super()._update(batch, step)
 
 
 def _group_adv(values: list[float], groups: list[int]) -> list[float]:

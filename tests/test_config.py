@@ -30,7 +30,7 @@ def test_defaults_and_overrides_are_typed():
         ("algorithm.kl_loss_type=k4", r"algorithm.kl_loss_type='k4'"),
         ("algorithm.gamma=2", r"algorithm.gamma=2.0 must be in \[0, 1\]"),
         ("algorithm.token_level_classmate_reward_mode=some", "must be one of classmate_partial, all"),
-        ("optim.schedule=linear", "optim.schedule must be constant or cosine"),
+        ("optim.schedule=linear", "optim.schedule='linear' must be one of constant, cosine"),
         ("reward._target_=nope.Nope", r"reward._target_=nope.Nope: no module 'nope'"),
         ("reward._target_=train.rewards.math_reward.Nope", r"train.rewards.math_reward has no 'Nope'"),
         (

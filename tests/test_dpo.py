@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from data_prep.datasets import load_pairs
 from data_prep.preference import arithmetic_pairs, make_pair, read_pairs, write_pairs
 from data_prep.schema import DatasetError, extra_info_of
-from train.algorithms.losses import dpo_loss
+from train.algorithms.dpo import dpo_loss
 from train.config import ConfigError, merge_layers, override_layers
 from train.stages.dpo import (
     REF_CACHE,

@@ -22,7 +22,7 @@ from train.algorithms.group_estimators import (
     opo_entry,
     reinforce_plus_plus_baseline_entry,
 )
-from train.algorithms.losses import apply_kl_in_reward
+from train.algorithms.kl import apply_kl_in_reward
 
 D = torch.float64
 

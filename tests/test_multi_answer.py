@@ -10,9 +10,9 @@ import pytest
 from data_prep import multi_answer
 from data_prep.datasets import load_prompt_rows
 from data_prep.schema import extra_info_of, make_row, read_parquet, validate_row
+from train.heldout_metrics import heldout_metrics
 from train.rewards.darling_reward import DarlingReward
 from train.rewards.math_reward import MathReward
-from train.validation import heldout_metrics
 
 ANSWER_AWARE = {"_target_": "train.diversity.judges.AnswerAwareJudge"}
 

@@ -88,7 +88,7 @@ def test_plan_errors_are_one_line_and_name_the_stage(experiments, tmp_path):
         (["seed=2"], r"pipeline overrides are <stage>.<key>=<value> with a stage among \['sft', 'grpo'\]"),
         (["dpo.beta=1"], "with a stage among"),
         (["sft.optim.lrr=1"], "stage sft: bad config value for optim.lrr"),
-        (["grpo.rollout.n=0"], "stage grpo: bad config value: rollout.n must be >= 1"),
+        (["grpo.rollout.n=0"], "stage grpo: bad config value: rollout.n=0 must be >= 1"),
     ]:
         with pytest.raises(ConfigError, match=message):
             plan("pipe", overrides)

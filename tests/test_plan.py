@@ -60,7 +60,10 @@ def test_refuses_what_cannot_fit_and_names_the_fix():
     assert len(bad) == 1 and bad[0].startswith("update needs")
     assert "policy.gradient_checkpointing=true" in bad[0] and "policy.micro_batch_tokens<=" in bad[0]
     greedy = _workload(gpu_memory_utilization=0.9)  # 0.9 x 4 GiB + the CUDA context > 4 GiB
-    assert "lower rollout.gpu_memory_utilization" in problems(TINY, greedy, memory(TINY, greedy, 4.0), 4.0)[0]
+    assert (
+        "lower rollout.engine.gpu_memory_utilization"
+        in problems(TINY, greedy, memory(TINY, greedy, 4.0), 4.0)[0]
+    )
     ok = _workload(gpu_memory_utilization=0.3)
     assert problems(TINY, ok, memory(TINY, ok, 80.0), 80.0) == []
 

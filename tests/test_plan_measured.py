@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from train.policy.memory import peak_tensor_bytes
 from train.plan import Arch, Workload, memory
+from train.policy.memory import peak_tensor_bytes
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.algorithms.losses import agg_loss, kl_penalty
+from train.algorithms.aggregation import agg_loss
+from train.algorithms.kl import kl_penalty
 from train.algorithms.policy_losses import (
     POLICY_LOSS_KNOBS,
     bypass_mode_loss,

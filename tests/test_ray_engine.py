@@ -4,8 +4,8 @@ whose samples and log-probs agree with the trainer's policy before and after a w
 import pytest
 import torch
 
-from train.rollout.base import Rollout, SamplingConfig
-from train.rollout.ray_engine import concat_rollouts, split_prompts
+from train.rollout.base import SamplingConfig
+from train.rollout.ray_engine import split_prompts
 
 TOL = 2e-3  # as tests/test_rollout_sync.py: fp32, vLLM CPU attention vs torch SDPA
 
@@ -15,17 +15,6 @@ def test_split_prompts_is_contiguous_balanced_and_drops_empty_parts():
     assert split_prompts(2, 4) == [range(0, 1), range(1, 2)]
     assert split_prompts(6, 3) == [range(0, 2), range(2, 4), range(4, 6)]
     assert [p for r in split_prompts(17, 4) for p in r] == list(range(17))
-
-
-def test_concat_rollouts_shifts_group_indices_to_the_whole_batch():
-    a = Rollout([[1], [1]], [[5], [6]], [[-0.1], [-0.2]], ["a", "b"], ["stop", "length"], [0, 0])
-    b = Rollout(
-        [[2], [2], [3], [3]], [[7], [8], [9], [10]], [[-1.0]] * 4, list("cdef"), ["stop"] * 4, [0, 0, 1, 1]
-    )
-    out = concat_rollouts([a, b], [0, 1])
-    assert out.group_index == [0, 0, 1, 1, 2, 2]
-    assert out.response_ids == [[5], [6], [7], [8], [9], [10]] and out.texts == list("abcdef")
-    assert out.finish_reasons[:2] == ["stop", "length"] and out.prompt_ids[2] == [2]
 
 
 def _max_diff(a: list[list[float]], b: torch.Tensor) -> float:

@@ -153,9 +153,9 @@ config:
   rollout:
     n: 2
     max_new_tokens: 6
-    max_model_len: 256
     engine:
       _target_: train.rollout.ray_engine.RayEngine
+      max_model_len: 256
       num_engines: 2
       num_cpus_per_engine: 1
       engine: {{_target_: train.rollout.vllm_engine.VLLMEngine, kv_cache_gb: 1}}

@@ -9,13 +9,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from train.config import build_config
+from train.loop import engine_spec
 from train.rollout import vllm_engine as vllm_engine_module
 from train.rollout.vllm_engine import (
     VLLMEngine,
     _share_in_group,
     bucketed,
     claim_sleep_mode,
-    engine_device_kwargs,
     engine_kwargs,
     release_sleep_mode,
     tp_groups,
@@ -39,30 +39,49 @@ def test_device_settings_follow_where_the_engine_runs():
 
 
 def test_bad_settings_name_the_key():
-    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=3 must divide world_size=4"):
+    with pytest.raises(ValueError, match="rollout.engine.tensor_parallel_size=3 must divide world_size=4"):
         engine_kwargs("cuda", "bfloat16", 1, 512, world_size=4, tensor_parallel_size=3)
-    with pytest.raises(ValueError, match="rollout.gpu_memory_utilization"):
+    with pytest.raises(ValueError, match="rollout.engine.gpu_memory_utilization"):
         engine_kwargs("cuda", "bfloat16", 1, 512, 1, gpu_memory_utilization=1.5)
-    with pytest.raises(ValueError, match="rollout.sleep_level"):
+    with pytest.raises(ValueError, match="rollout.engine.sleep_level"):
         engine_kwargs("cuda", "bfloat16", 1, 512, 1, sleep_level=3)
 
 
-def test_rollout_config_keys_reach_the_engine_arguments():
+def test_engine_keys_reach_the_engine_arguments_and_are_checked_before_a_model_loads():
+    """Issue 23: each engine setting is one key, rollout.engine.<argument>; the trainer's own arguments
+    (weights, dtype, seed) fill in only what the config leaves out, so no configured value is overwritten."""
     cfg = build_config(
         overrides=[
-            "world_size=4", "data.prompts_per_step=8", "rollout.gpu_memory_utilization=0.35",
-            "rollout.tensor_parallel_size=2", "rollout.sleep_level=1", "rollout.enforce_eager=true",
+            "world_size=4", "data.prompts_per_step=8", "rollout.engine.gpu_memory_utilization=0.35",
+            "rollout.engine.tensor_parallel_size=2", "rollout.engine.sleep_level=1",
+            "rollout.engine.enforce_eager=true", "rollout.engine.max_model_len=512",
+            "rollout.engine.dtype=bfloat16", "rollout.engine.seed=11", "seed=3",
         ]
     )  # fmt: skip
-    kwargs = engine_device_kwargs(cfg.rollout)
-    assert kwargs == {
-        "gpu_memory_utilization": 0.35, "tensor_parallel_size": 2, "sleep_level": 1, "enforce_eager": True,
-    }  # fmt: skip
-    llm = engine_kwargs("cuda", "bfloat16", 1, 512, world_size=4, **kwargs)
+    spec = engine_spec(cfg, "/weights", "fp32")
+    assert spec["gpu_memory_utilization"] == 0.35 and spec["tensor_parallel_size"] == 2
+    assert spec["max_model_len"] == 512 and spec["dtype"] == "bfloat16" and spec["seed"] == 11
+    assert spec["model_path"] == "/weights"
+    llm = engine_kwargs("cuda", spec["dtype"], spec["seed"], spec["max_model_len"], world_size=4,
+                        **{k: spec[k] for k in ("gpu_memory_utilization", "tensor_parallel_size", "sleep_level", "enforce_eager")})  # fmt: skip
     assert llm["gpu_memory_utilization"] == 0.35 and llm["tensor_parallel_size"] == 2
-    assert llm["enable_sleep_mode"] is True and llm["enforce_eager"] is True
-    with pytest.raises(Exception, match="tensor_parallel_size must divide world_size"):
-        build_config(overrides=["world_size=2", "data.prompts_per_step=8", "rollout.tensor_parallel_size=4"])
+    assert llm["enable_sleep_mode"] is True and llm["enforce_eager"] is True and llm["max_model_len"] == 512
+    default = engine_spec(build_config(overrides=["seed=3"]), "/weights", "bf16")
+    assert default["dtype"] == "bfloat16" and default["seed"] == 3  # the policy's precision, the run's seed
+    assert "max_model_len" not in default  # the engine's own default (VLLMEngine: 1024) applies
+    hf = engine_spec(
+        build_config(overrides=["rollout.engine._target_=train.rollout.hf_engine.HFEngine"]), "/w", "fp32"
+    )
+    assert "seed" not in hf and hf["dtype"] == "float32"  # HFEngine takes no seed: none is given to it
+    with pytest.raises(Exception, match="rollout.engine.tensor_parallel_size=4 must divide world_size=2"):
+        build_config(
+            overrides=["world_size=2", "data.prompts_per_step=8", "rollout.engine.tensor_parallel_size=4"]
+        )
+    with pytest.raises(Exception, match="rollout.engine.model_path: the trainer gives the engine"):
+        build_config(overrides=["rollout.engine.model_path=/elsewhere"])
+    for old in ("rollout.gpu_memory_utilization=0.5", "rollout.max_model_len=512", "rollout.dtype=float32"):
+        with pytest.raises(Exception, match=old.split("=")[0].split(".")[1]):  # one key per setting
+            build_config(overrides=[old])
 
 
 def test_tp_groups_are_consecutive_ranks():

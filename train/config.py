@@ -9,7 +9,9 @@ dicts, so a new one is a config change, not an `if` chain.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,23 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def checked(
+    default: Any,
+    rule: str = "",
+    valid: Callable[[Any], bool] | None = None,
+    choices: tuple | None = None,
+    note: str = "",
+) -> Any:
+    """A config field whose value `check_fields` checks: the range sits beside the declaration, declared as
+    the method table's knobs are (train/algorithms/registry.py Knob). `note` ends the error line."""
+    from train.algorithms.registry import Knob
+
+    knob = Knob(default, note, type(default), choices=choices, valid=valid, rule=rule)
+    return field(default=default, metadata={"knob": knob})
+
+
 EXPERIMENTS_DIR = Path(os.environ.get("RLPOST_EXPERIMENTS_DIR", PROJECT_ROOT / "experiments"))
 
 
@@ -30,42 +49,51 @@ class DataConfig:
     train_path: str = "builtin:arithmetic"  # Parquet file (data_prep schema) or builtin:arithmetic
     val_path: str | None = None  # held-out Parquet file (or builtin:arithmetic, its test split) for val_every
     val_size: int = 200  # rows generated when val_path is builtin:arithmetic
-    val_n: int = 1  # samples per held-out prompt: 1 = one greedy answer; n > 1 = n samples, pass@1..n
-    val_temperature: float = 1.0  # sampling temperature of held-out answers when val_n > 1
+    val_n: int = checked(
+        1, ">= 1", lambda n: n >= 1
+    )  # samples per held-out prompt: 1 = one greedy answer; n > 1 = n samples, pass@1..n
+    val_temperature: float = checked(
+        1.0, ">= 0", lambda t: t >= 0
+    )  # sampling temperature of held-out answers when val_n > 1
     builtin_size: int = 2000  # rows generated for builtin:arithmetic
-    prompts_per_step: int = 8  # prompts per rollout batch (x rollout.n samples each)
-    max_prompt_tokens: int = 256  # longer prompts are dropped at load time (counted and reported)
+    prompts_per_step: int = checked(
+        8, "> 0", lambda n: n > 0
+    )  # prompts per rollout batch (x rollout.n samples each)
+    max_prompt_tokens: int = checked(
+        256, ">= 1", lambda n: n >= 1
+    )  # longer prompts are dropped at load time (counted and reported)
     shuffle: bool = True
 
 
 @dataclass
 class RolloutConfig:
+    # the engine and its own settings (rollout.engine.<argument>: e.g. max_model_len, dtype, and on GPUs
+    # gpu_memory_utilization, tensor_parallel_size, sleep_level, enforce_eager for vLLM), or
+    # {_target_: train.rollout.hf_engine.HFEngine}; dtype defaults to the policy's resolved precision
     engine: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "train.rollout.vllm_engine.VLLMEngine", "kv_cache_gb": 1.0}
-    )  # or {_target_: train.rollout.hf_engine.HFEngine}
-    n: int = 4  # samples per prompt (the GRPO group size)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 64
-    dtype: str = "auto"  # engine compute dtype; auto = the policy's resolved precision (float32 | bfloat16)
-    max_model_len: int = 1024
-    gpu_memory_utilization: float = 0.5  # GPU only: share of each GPU vLLM may take (weights + KV cache)
-    tensor_parallel_size: int = 1  # GPU: ranks per vLLM TP group (consecutive ranks); must divide world_size
-    sleep_level: int = (
-        2  # GPU: vLLM sleep before the update (2 = drop weights+KV, 1 = weights to CPU, 0 = off)
     )
-    enforce_eager: bool | None = None  # None = CUDA graphs on GPU, eager on CPU
+    n: int = checked(4, ">= 1", lambda n: n >= 1)  # samples per prompt (the GRPO group size)
+    temperature: float = checked(1.0, ">= 0", lambda t: t >= 0)
+    top_p: float = checked(1.0, "in (0, 1]", lambda p: 0 < p <= 1)
+    top_k: int = -1
+    max_new_tokens: int = checked(64, ">= 1", lambda n: n >= 1)
 
 
 @dataclass
 class KLCtrlConfig:
     """The in-reward KL coefficient (`use_kl_in_reward`; estimator: `algorithm.kl_penalty`), verl's names."""
 
-    type: str = "fixed"  # fixed | adaptive (moves kl_coef toward target_kl, Ziegler et al. 2019)
-    kl_coef: float = 0.001  # the (initial) coefficient beta of the in-reward KL
-    target_kl: float = 0.1  # adaptive: target mean per-token KL
-    horizon: int = 10000  # adaptive: responses over which the coefficient moves (larger = slower)
+    type: str = checked(
+        "fixed", choices=("fixed", "adaptive")
+    )  # fixed | adaptive (moves kl_coef toward target_kl, Ziegler et al. 2019)
+    kl_coef: float = checked(
+        0.001, ">= 0", lambda c: c >= 0
+    )  # the (initial) coefficient beta of the in-reward KL
+    target_kl: float = checked(0.1, "> 0", lambda k: k > 0)  # adaptive: target mean per-token KL
+    horizon: int = checked(
+        10000, "> 0", lambda h: h > 0
+    )  # adaptive: responses over which the coefficient moves (larger = slower)
 
 
 @dataclass
@@ -73,12 +101,18 @@ class CriticConfig:
     """The value model of PPO with a critic (`algorithm.adv_estimator=gae`); unused otherwise."""
 
     model_path: str | None = None  # None = the policy's starting model (a fresh value head on its trunk)
-    lr: float = 1e-5
+    lr: float = checked(1e-5, "> 0", lambda x: x > 0)
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    cliprange_value: float = 0.5  # clipped value loss: V may move at most this far from the rollout's V
-    warmup_steps: int = 0  # the first N steps train the critic alone (verl: trainer.critic_warmup)
-    ppo_epochs: int | None = None  # None = algorithm.ppo_epochs
+    cliprange_value: float = checked(
+        0.5, "> 0", lambda x: x > 0
+    )  # clipped value loss: V may move at most this far from the rollout's V
+    warmup_steps: int = checked(
+        0, ">= 0", lambda n: n >= 0
+    )  # the first N steps train the critic alone (verl: trainer.critic_warmup)
+    ppo_epochs: int | None = checked(
+        None, ">= 1", lambda n: n >= 1, note="or null"
+    )  # None = algorithm.ppo_epochs
 
 
 @dataclass
@@ -91,11 +125,11 @@ class AlgorithmConfig:
     loss_agg_mode: str = (
         "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     )
-    loss_scale_factor: float | None = (
-        None  # seq-mean-token-sum-norm divisor (default: rollout.max_new_tokens)
-    )
+    loss_scale_factor: float | None = checked(
+        None, "> 0", lambda x: x > 0, note="or null = rollout.max_new_tokens"
+    )  # seq-mean-token-sum-norm divisor (default: rollout.max_new_tokens)
     use_kl_loss: bool = False  # KL to a frozen reference as a loss term
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = checked(0.001, ">= 0", lambda c: c >= 0)
     kl_loss_type: str = (
         "low_var_kl"  # k1 | abs | k2 | mse | k3 | low_var_kl; a '+' suffix (k3+): k2's gradient
     )
@@ -103,25 +137,29 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=lambda: KLCtrlConfig())
     entropy_coeff: float = 0.0
     ppo_mini_batch_size: int | None = None  # prompts per optimizer step; None = prompts_per_step (one update)
-    ppo_epochs: int = 1
+    ppo_epochs: int = checked(1, ">= 1", lambda n: n >= 1)
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
+    lr: float = checked(1e-6, "> 0", lambda x: x > 0)
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.999
     grad_clip: float = 1.0
-    warmup_steps: int = 0
-    schedule: str = "constant"  # constant | cosine
+    warmup_steps: int = checked(0, ">= 0", lambda n: n >= 0)
+    schedule: str = checked("constant", choices=("constant", "cosine"))
 
 
 @dataclass
 class PolicyConfig:
-    precision: str = "auto"  # auto | fp32 | bf16 (bf16 compute, fp32 master weights, fp32 gradient reduce); auto = bf16 where it multiplies faster (measured at start)
+    precision: str = checked(
+        "auto", choices=("auto", "fp32", "bf16")
+    )  # auto | fp32 | bf16 (bf16 compute, fp32 master weights, fp32 gradient reduce); auto = bf16 where it multiplies faster (measured at start)
     gradient_checkpointing: bool = False  # activation checkpointing: recompute each layer in backward
-    micro_batch_tokens: int = 2048  # token budget of one forward/backward micro-batch (padded tokens)
+    micro_batch_tokens: int = checked(
+        2048, ">= 1", lambda n: n >= 1
+    )  # token budget of one forward/backward micro-batch (padded tokens)
     share_prompts: bool = True  # a group's prompt runs through the model once, not n times (same log-probs)
     pack_sequences: bool = (
         False  # padding-free micro-batches (one packed row; for GPUs, wins over share_prompts)
@@ -139,23 +177,33 @@ class RunConfig:
     output_dir: str = "outputs"  # run folders go to <output_dir>/<experiment>/<run_name>
     run_dir: str | None = None  # explicit run folder (overrides output_dir/experiment/run_name)
     seed: int = 1
-    total_steps: int = 20  # optimizer steps (GRPO: rollout steps)
-    save_every: int = 10  # checkpoint every N steps (and at the end); 0 = only at the end
-    keep_last: int | None = 2  # checkpoints kept, >= 1 (null = all)
-    save_hf_dtype: str = "float32"  # each checkpoint's hf/ export: float32 | bfloat16 (resuming reads state/)
+    total_steps: int = checked(20, ">= 1", lambda n: n >= 1)  # optimizer steps (GRPO: rollout steps)
+    save_every: int = checked(
+        10, ">= 0", lambda n: n >= 0, note="0 = only at the end"
+    )  # checkpoint every N steps (and at the end); 0 = only at the end
+    keep_last: int | None = checked(
+        2, ">= 1", lambda n: n >= 1, note="or null = keep all"
+    )  # checkpoints kept, >= 1 (null = all)
+    save_hf_dtype: str = checked(
+        "float32", choices=("float32", "bfloat16")
+    )  # each checkpoint's hf/ export: float32 | bfloat16 (resuming reads state/)
     resume: bool = False  # continue from <run_dir>/checkpoints/latest in the same MLflow run
     checkpoint_on_preempt: bool = True  # SIGTERM/SIGUSR2 (preemption, scancel, time limit): checkpoint, exit
-    preempt_grace_s: float = 20.0  # after such a signal, abandon a step still running this long (0 = wait)
-    val_every: int = 0  # held-out validation before training, every N steps and at the end, val/* (0 = off)
-    log_every: int = 1
-    world_size: int = 1  # ranks (torchrun is used when > 1)
+    preempt_grace_s: float = checked(
+        20.0, ">= 0", lambda x: x >= 0, note="0 = no limit"
+    )  # after such a signal, abandon a step still running this long (0 = wait)
+    val_every: int = checked(
+        0, ">= 0", lambda n: n >= 0, note="0 = off"
+    )  # held-out validation before training, every N steps and at the end, val/* (0 = off)
+    log_every: int = checked(1, ">= 1", lambda n: n >= 1)
+    world_size: int = checked(1, ">= 1", lambda n: n >= 1)  # ranks (torchrun is used when > 1)
     track: bool = True  # log to MLflow (MLFLOW_TRACKING_URI, else ./mlflow.db)
     parent_run_id: str | None = None  # set by sweeps: the sweep's MLflow run
     tags: dict[str, str] = field(default_factory=dict)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    # GRPO's rollouts; the offline stages' greedy accuracy check uses engine, max_new_tokens, max_model_len, dtype
+    # GRPO's rollouts; the offline stages' greedy accuracy check uses engine and max_new_tokens
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
@@ -319,31 +367,25 @@ def _fail_first(checks: list[tuple[bool, str]]) -> None:
             raise ConfigError(f"bad config value: {message}")
 
 
-def validate_run(cfg: DictConfig) -> None:
-    """The run-level keys every loop shares (RunConfig): ranges omegaconf's types cannot express."""
-    _fail_first(
-        [
-            (cfg.total_steps >= 1, "total_steps must be >= 1"),
-            (cfg.world_size >= 1, "world_size must be >= 1"),
-            (cfg.save_every >= 0, f"save_every={cfg.save_every} must be >= 0 (0 = only at the end)"),
-            (
-                cfg.keep_last is None or cfg.keep_last >= 1,
-                f"keep_last={cfg.keep_last} must be >= 1 (or null = keep all)",
-            ),
-            (
-                cfg.save_hf_dtype in ("float32", "bfloat16"),
-                f"save_hf_dtype={cfg.save_hf_dtype!r} must be float32 or bfloat16",
-            ),
-            (cfg.val_every >= 0, f"val_every={cfg.val_every} must be >= 0 (0 = off)"),
-            (cfg.preempt_grace_s >= 0, f"preempt_grace_s={cfg.preempt_grace_s} must be >= 0 (0 = no limit)"),
-            (cfg.log_every >= 1, f"log_every={cfg.log_every} must be >= 1"),
-            (cfg.optim.lr > 0, "optim.lr must be > 0"),
-            (cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0"),
-            (cfg.optim.schedule in ("constant", "cosine"), "optim.schedule must be constant or cosine"),
-            (cfg.policy.precision in ("auto", "fp32", "bf16"), "policy.precision must be auto, fp32 or bf16"),
-            (cfg.policy.micro_batch_tokens >= 1, "policy.micro_batch_tokens must be >= 1"),
-        ]
-    )
+def check_fields(cfg: DictConfig, schema: type, prefix: str = "") -> None:
+    """The ranges and choices declared beside each field (`checked`), nested configs included."""
+    for f in dataclasses.fields(schema):
+        knob = f.metadata.get("knob")
+        value = cfg.get(f.name) if f.name in cfg else None
+        if knob is not None:
+            problem = knob.problem(value)
+            if problem:
+                note = f" ({knob.doc})" if knob.doc else ""
+                raise ConfigError(f"bad config value: {prefix}{f.name}={value!r} {problem}{note}")
+        elif f.default_factory is not dataclasses.MISSING and isinstance(value, DictConfig):
+            default = f.default_factory()
+            if dataclasses.is_dataclass(default):
+                check_fields(value, type(default), f"{prefix}{f.name}.")
+
+
+def validate_run(cfg: DictConfig, schema: type = RunConfig) -> None:
+    """The keys every loop shares (RunConfig, or `schema`): their declared ranges and choices."""
+    check_fields(cfg, schema)
 
 
 def validate_components(cfg: DictConfig, supplied: dict[str, set[str]] | None = None) -> None:
@@ -356,45 +398,52 @@ def validate_components(cfg: DictConfig, supplied: dict[str, set[str]] | None = 
         raise ConfigError(str(exc)) from None
 
 
-ENGINE_SUPPLIED = {
-    "rollout.engine": {
-        "model_path",
-        "dtype",
-        "max_model_len",
-        "seed",
-        # train.rollout.vllm_engine.engine_device_kwargs: the rollout.* GPU keys
-        "gpu_memory_utilization",
-        "tensor_parallel_size",
-        "sleep_level",
-        "enforce_eager",
-    }
-}
+def _engine_supplied() -> dict[str, set[str]]:
+    """The arguments the trainer gives every rollout engine (the config need not)."""
+    from train.rollout.base import ENGINE_ARGS
+
+    return {"rollout.engine": set(ENGINE_ARGS)}
+
+
+ENGINE_SUPPLIED = _engine_supplied()
+
+
+def validate_engine(cfg: DictConfig) -> None:
+    """`rollout.engine`: the trainer gives it the weights, and the engine's own checks pass (its class's
+    `check_settings`, with its constructor's arguments as configured or defaulted)."""
+    import inspect
+
+    from train.components import HYDRA_KEYS, ComponentError, load_target
+
+    node = OmegaConf.to_container(cfg.rollout.engine, resolve=True)
+    if "model_path" in node:
+        raise ConfigError(
+            "rollout.engine.model_path: the trainer gives the engine the policy's weights; set model.path"
+        )
+    try:
+        engine = load_target("rollout.engine", node["_target_"])
+    except ComponentError as exc:
+        raise ConfigError(str(exc)) from None
+    check = getattr(engine, "check_settings", None)
+    if check is None:
+        return
+    bound = inspect.signature(engine).bind_partial(**{k: v for k, v in node.items() if k not in HYDRA_KEYS})
+    bound.apply_defaults()
+    try:
+        check(world_size=cfg.world_size, **bound.arguments)
+    except ValueError as exc:
+        raise ConfigError(f"bad config value: {exc}") from None
 
 
 def validate(cfg: DictConfig) -> None:
     """Everything about a GRPO config that can be known before a model loads; one line per error."""
-    validate_run(cfg)
+    validate_run(cfg, TrainConfig)
     validate_components(cfg, ENGINE_SUPPLIED)
     checks = [
-        (cfg.data.prompts_per_step > 0, "data.prompts_per_step must be > 0"),
-        (cfg.data.max_prompt_tokens >= 1, "data.max_prompt_tokens must be >= 1"),
-        (cfg.rollout.n >= 1, "rollout.n must be >= 1"),
-        (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
-        (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0"),
-        (0 < cfg.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
-        (cfg.data.val_n >= 1, "data.val_n must be >= 1"),
-        (cfg.data.val_temperature >= 0, "data.val_temperature must be >= 0"),
         (
             cfg.data.prompts_per_step % cfg.world_size == 0,
             "data.prompts_per_step must be divisible by world_size",
         ),
-        (
-            cfg.rollout.tensor_parallel_size >= 1 and cfg.world_size % cfg.rollout.tensor_parallel_size == 0,
-            "rollout.tensor_parallel_size must divide world_size",
-        ),
-        (0 < cfg.rollout.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in (0, 1]"),
-        (cfg.rollout.sleep_level in (0, 1, 2), "rollout.sleep_level must be 0, 1 or 2"),
-        (cfg.algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs must be >= 1"),
     ]
     mini = cfg.algorithm.ppo_mini_batch_size
     if mini is not None:
@@ -404,34 +453,37 @@ def validate(cfg: DictConfig) -> None:
                 "algorithm.ppo_mini_batch_size must divide data.prompts_per_step",
             )
         )
-    crit = cfg.critic
-    checks += [
-        (
-            cfg.algorithm.overlong_buffer_len <= cfg.rollout.max_new_tokens,
-            f"algorithm.overlong_buffer_len={cfg.algorithm.overlong_buffer_len} must be <= "
-            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} (the penalty ramps up to the length limit)",
-        ),
-        (crit.lr > 0, "critic.lr must be > 0"),
-        (crit.cliprange_value > 0, "critic.cliprange_value must be > 0"),
-        (crit.warmup_steps >= 0, "critic.warmup_steps must be >= 0"),
-        (crit.ppo_epochs is None or crit.ppo_epochs >= 1, "critic.ppo_epochs must be >= 1 (or null)"),
-        (
-            crit.warmup_steps < cfg.total_steps or cfg.algorithm.adv_estimator != "gae",
-            f"critic.warmup_steps={crit.warmup_steps} leaves no actor step in total_steps={cfg.total_steps}",
-        ),
-        (
-            crit.warmup_steps == 0 or cfg.algorithm.adv_estimator == "gae",
-            "critic.warmup_steps needs a critic: set algorithm.adv_estimator=gae (or critic.warmup_steps=0)",
-        ),
-    ]
     _fail_first(checks)
-    validate_algorithm(cfg.algorithm, cfg.reward._target_)
+    validate_engine(cfg)
+    validate_algorithm(cfg.algorithm, cfg.reward._target_, cfg)
 
 
-def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> None:
-    """Mode names against the method table, knob values, and what the estimator needs from the reward."""
+def _validate_critic(cfg: DictConfig, has_critic: bool) -> None:
+    """The critic's warm-up against the run; a critic exists where the estimator needs `values` (GAE)."""
+    crit = cfg.critic
+    _fail_first(
+        [
+            (
+                crit.warmup_steps < cfg.total_steps or not has_critic,
+                f"critic.warmup_steps={crit.warmup_steps} leaves no actor step in total_steps={cfg.total_steps}",
+            ),
+            (
+                crit.warmup_steps == 0 or has_critic,
+                "critic.warmup_steps needs a critic: use an estimator that needs values, e.g. "
+                "algorithm.adv_estimator=gae (or critic.warmup_steps=0)",
+            ),
+        ]
+    )
+
+
+def validate_algorithm(
+    algo: DictConfig, reward_target: str | None = None, run: DictConfig | None = None
+) -> None:
+    """Mode names against the method table, knob values, the enabled step plug-ins' checks (with the run
+    config `run`), and what the estimator needs from the reward: the one check of an estimator's needs."""
     from train.algorithms import registry
-    from train.algorithms.losses import KL_PENALTIES, LOSS_AGG_MODES
+    from train.algorithms.aggregation import LOSS_AGG_MODES
+    from train.algorithms.kl import KL_PENALTIES
 
     try:
         estimator = registry.adv_estimator(algo.adv_estimator)
@@ -441,7 +493,6 @@ def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> No
     for key, value, allowed in (
         ("loss_agg_mode", algo.loss_agg_mode, LOSS_AGG_MODES),
         ("kl_loss_type", algo.kl_loss_type, (*KL_PENALTIES, *(f"{k}+" for k in KL_PENALTIES))),
-        ("kl_ctrl.type", algo.kl_ctrl.type, ("fixed", "adaptive")),
     ):
         if value not in allowed:
             raise ConfigError(f"bad config value: algorithm.{key}={value!r} (known: {', '.join(allowed)})")
@@ -458,33 +509,23 @@ def validate_algorithm(algo: DictConfig, reward_target: str | None = None) -> No
             )
         except ValueError as exc:
             raise ConfigError(f"bad config value: {exc}") from None
-    _fail_first(
-        [
-            (algo.kl_loss_coef >= 0, "algorithm.kl_loss_coef must be >= 0"),
-            (
-                not (algo.filter_groups_metric == "seq_final_reward" and algo.use_kl_in_reward),
-                "algorithm.filter_groups_metric=seq_final_reward with use_kl_in_reward=true is not supported "
-                "(the in-reward KL is computed after dynamic sampling); use seq_reward",
-            ),
-            (algo.kl_ctrl.kl_coef >= 0, "algorithm.kl_ctrl.kl_coef must be >= 0"),
-            (algo.kl_ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl must be > 0"),
-            (algo.kl_ctrl.horizon > 0, "algorithm.kl_ctrl.horizon must be > 0"),
-            (
-                algo.loss_scale_factor is None or algo.loss_scale_factor > 0,
-                "algorithm.loss_scale_factor must be > 0 (or null = rollout.max_new_tokens)",
-            ),
-        ]
-    )
+    if algo.filter_groups_metric == "seq_final_reward" and algo.use_kl_in_reward:
+        raise ConfigError(
+            "bad config value: algorithm.filter_groups_metric=seq_final_reward with use_kl_in_reward=true is "
+            "not supported (the in-reward KL is computed after dynamic sampling); use seq_reward"
+        )
+    if run is not None:
+        for plugin in registry.step_plugins(algo):
+            problem = plugin.check(algo, run) if plugin.check else None
+            if problem:
+                raise ConfigError(f"bad config value: {problem}")
+        _validate_critic(run, "values" in estimator.needs)
     from train.components import class_constant
 
     provided = set(class_constant(reward_target, "provides_signals") if reward_target else ())
     provided |= {f"{n.removesuffix('_spans')}_token_mask" for n in provided if n.endswith("_spans")}
     hint = f": use {estimator.hint}" if estimator.hint else ""
     for need in estimator.needs:
-        if need == "token_rewards":
-            raise ConfigError(
-                f"algorithm.adv_estimator={estimator.name} needs {need}, which the GRPO trainer does not compute"
-            )
         if need.startswith("signals.") and need.removeprefix("signals.") not in provided:
             name = (reward_target or "the reward").rpartition(".")[2]
             raise ConfigError(

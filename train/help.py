@@ -14,16 +14,20 @@ from train import config
 
 
 def field_comments() -> dict[tuple[str, str], str]:
-    """{(class name, field): the comment beside the field} of train/config.py."""
+    """{(class name, field): the comment beside the field} of train/config.py (on the field's own line, or
+    on the closing line of a declaration the formatter wrapped)."""
     comments: dict[tuple[str, str], str] = {}
-    current = ""
+    current = name = ""
     for line in inspect.getsource(config).splitlines():
         m = re.match(r"class (\w+)", line)
         if m:
-            current = m.group(1)
-        m = re.match(r"\s+(\w+): [^=]+= .*?#\s*(.*)$", line)
+            current, name = m.group(1), ""
+        m = re.match(r"\s+(\w+): [^=]+= ", line)
         if m:
-            comments[(current, m.group(1))] = m.group(2)
+            name = m.group(1)
+        m = re.match(r"\s*[^#\s][^#]*#\s*(.*)$", line)  # code, then a comment
+        if m and name and (current, name) not in comments:
+            comments[(current, name)] = m.group(1)
     return comments
 
 
@@ -60,6 +64,7 @@ def schema_lines(schema: type, prefix: str = "", comments: dict | None = None) -
 def component_lines(cfg: DictConfig) -> list[str]:
     """Each configured component's `_target_` and constructor arguments (configured value, else default)."""
     from train.components import ComponentError, find, load_target
+    from train.rollout.base import ENGINE_ARGS
 
     lines = []
     for key, node in find(OmegaConf.to_container(cfg, resolve=True)):
@@ -75,6 +80,8 @@ def component_lines(cfg: DictConfig) -> list[str]:
             if isinstance(node.get(p.name), (dict, list)) and "_target_" in str(node.get(p.name)):
                 continue  # a nested component: its own lines follow
             value = node.get(p.name, "<required>" if p.default is p.empty else p.default)
+            if key == "rollout.engine" and p.name in ENGINE_ARGS and p.name not in node:
+                value = f"<{ENGINE_ARGS[p.name]}>"  # given by the trainer (train/loop.py engine_spec)
             lines.append(f"  {key}.{p.name}={value!r}")
     return lines
 

@@ -40,30 +40,36 @@ def run_dir_of(cfg: DictConfig) -> Path:
 
 
 def engine_dtype(cfg: DictConfig, precision: str) -> str:
-    """The rollout engine's dtype: `rollout.dtype`, or (auto) the policy's resolved `precision` (fp32|bf16)."""
+    """The rollout engine's dtype: `rollout.engine.dtype`, or (absent or auto) the policy's resolved
+    `precision` (fp32 | bf16)."""
     from train.policy.precision import ENGINE_DTYPES
 
-    if cfg.rollout.dtype != "auto":
-        return cfg.rollout.dtype
-    return ENGINE_DTYPES[precision]
+    dtype = cfg.rollout.engine.get("dtype", "auto")
+    return ENGINE_DTYPES[precision] if dtype == "auto" else dtype
+
+
+def engine_spec(cfg: DictConfig, weights: str | Path, precision: str) -> dict:
+    """The `rollout.engine` component with what the trainer gives every engine (rollout/base.py
+    ENGINE_ARGS) where its constructor takes it and the config does not set it: the weights, the compute
+    dtype (`engine_dtype`) and the run's seed. The engine's own settings are its config keys, untouched."""
+    from train.components import target_params
+
+    spec = OmegaConf.to_container(cfg.rollout.engine, resolve=True)
+    _, params = target_params("rollout.engine", spec["_target_"])
+    supplied = {"model_path": str(weights), "dtype": engine_dtype(cfg, precision), "seed": cfg.seed}
+    if spec.get("dtype") == "auto":
+        del spec["dtype"]
+    for name, value in supplied.items():
+        if params is None or any(p.name == name or p.var_keyword for p in params):
+            spec.setdefault(name, value)
+    return spec
 
 
 def build_engine(cfg: DictConfig, weights: str | Path, precision: str):
-    """The rollout engine of `rollout.engine` (not recursive: a wrapper engine builds its inner one),
-    computing in the policy's resolved `precision` unless `rollout.dtype` says otherwise."""
+    """The rollout engine of `rollout.engine` (not recursive: a wrapper engine builds its inner one)."""
     from hydra.utils import instantiate
 
-    from train.rollout.vllm_engine import engine_device_kwargs
-
-    return instantiate(
-        OmegaConf.to_container(cfg.rollout.engine, resolve=True),
-        _recursive_=False,
-        model_path=str(weights),
-        dtype=engine_dtype(cfg, precision),
-        max_model_len=cfg.rollout.max_model_len,
-        seed=cfg.seed,
-        **engine_device_kwargs(cfg.rollout),
-    )
+    return instantiate(engine_spec(cfg, weights, precision), _recursive_=False)
 
 
 class TrainingLoop:

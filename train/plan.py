@@ -24,9 +24,9 @@ a config that cannot fit and names what to change. Formulas (bytes per GPU; P pa
 - old / reference log-prob passes (no grad): one layer's activations, the hidden states and the logits of
   one micro-batch; the frozen reference (KL) adds its fp32 weights, sharded (4P/W).
 - micro-batches are built and moved to the device one at a time: one micro-batch's tensors are live.
-- vLLM during the rollout: `gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its activations, the
+- vLLM during the rollout: `rollout.engine.gpu_memory_utilization` x GPU memory (weights 2P/TP in bf16, its activations, the
   rest KV cache at 2·layers·K·d·bytes per token / TP); from the end of generation (before the log-prob
-  passes) to the next rollout, with `sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB) stays.
+  passes) to the next rollout, with `rollout.engine.sleep_level` 1 or 2, only a residual (CUDA graph pool, ~1 GiB) stays.
   verl's performance-tuning guide (docs/perf/perf_tuning.rst): since vLLM 0.7 an instance uses
   gpu_memory_utilization of the TOTAL memory, which is how it is counted here.
 
@@ -303,18 +303,12 @@ def generation_time(
     }  # fmt: skip
 
 
-def _engine_setting(rollout, key: str):
-    """An engine knob from `rollout.engine` (where the engine's own settings live) or, in configs written
-    before they moved there, from `rollout` itself."""
-    engine = rollout.get("engine") or {}
-    return engine[key] if key in engine else rollout.get(key)
-
-
 def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload:
     algo, pol, r = cfg.algorithm, cfg.policy, cfg.rollout
     mini = algo.ppo_mini_batch_size or cfg.data.prompts_per_step
     updates = algo.ppo_epochs * (cfg.data.prompts_per_step // mini)
     precision = "bf16" if pol.precision in ("bf16", "auto") else "fp32"  # auto picks bf16 on GPUs
+    engine = vllm_settings(r.engine)
     return Workload(
         world_size=cfg.world_size,
         samples_per_step=cfg.data.prompts_per_step * r.n,
@@ -330,12 +324,23 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
         compute_bytes=2 if precision == "bf16" else 4,
         gradient_checkpointing=bool(pol.gradient_checkpointing),
         cpu_offload=bool(pol.cpu_offload),
-        gpu_memory_utilization=_engine_setting(r, "gpu_memory_utilization"),
-        tensor_parallel_size=_engine_setting(r, "tensor_parallel_size"),
-        sleep_level=_engine_setting(r, "sleep_level"),
-        max_model_len=_engine_setting(r, "max_model_len"),
+        gpu_memory_utilization=engine["gpu_memory_utilization"],
+        tensor_parallel_size=engine["tensor_parallel_size"],
+        sleep_level=engine["sleep_level"],
+        max_model_len=engine["max_model_len"],
         engine="hf_generate" if str(r.engine.get("_target_", "")).endswith("HFEngine") else "vllm",
     )
+
+
+def vllm_settings(engine_cfg) -> dict:
+    """The vLLM engine's settings the plan reads: `rollout.engine.<key>` as configured, else the
+    VLLMEngine constructor's defaults (an HF engine plans as `hf_generate` and ignores them)."""
+    import inspect
+
+    from train.rollout.vllm_engine import VLLMEngine
+
+    defaults = {k: p.default for k, p in inspect.signature(VLLMEngine).parameters.items()}
+    return {k: engine_cfg.get(k, defaults[k]) for k in defaults if k != "model_path"}
 
 
 def arch_of(model_path: str) -> tuple[Arch, str]:
@@ -362,7 +367,7 @@ def problems(arch: Arch, w: Workload, mem: dict[str, float], gpu_gib: float) -> 
     if mem["peak_rollout"] > usable:
         room = usable - mem["peak_rollout"] + w.gpu_memory_utilization * gpu_gib
         out.append(
-            f"rollout needs {mem['peak_rollout']:.1f} GiB > {usable:.1f} GiB: lower rollout.gpu_memory_utilization"
+            f"rollout needs {mem['peak_rollout']:.1f} GiB > {usable:.1f} GiB: lower rollout.engine.gpu_memory_utilization"
             f" to <= {max(room, 0) / gpu_gib:.2f}, set policy.cpu_offload=true, or raise world_size"
         )
     if mem["peak_update"] > usable:
@@ -382,21 +387,21 @@ def problems(arch: Arch, w: Workload, mem: dict[str, float], gpu_gib: float) -> 
         if not w.cpu_offload:
             fixes.append("policy.cpu_offload=true")
         if not w.sleep_level:
-            fixes.append("rollout.sleep_level=2")
+            fixes.append("rollout.engine.sleep_level=2")
         fixes.append("a larger world_size")
         out.append(f"update needs {mem['peak_update']:.1f} GiB > {usable:.1f} GiB: " + ", or ".join(fixes))
     if mem["vllm_kv_cache"] <= 0:
         out.append(
             f"vLLM gets no KV cache: its {mem['vllm_rollout']:.1f} GiB do not cover the weights "
-            f"({mem['vllm_weights']:.1f} GiB): raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size"
+            f"({mem['vllm_weights']:.1f} GiB): raise rollout.engine.gpu_memory_utilization or rollout.engine.tensor_parallel_size"
         )
     else:
         seq = w.max_model_len * kv_bytes_per_token(arch, w.tensor_parallel_size) / GIB
         if seq > mem["vllm_kv_cache"]:
             out.append(
                 f"vLLM's KV cache ({mem['vllm_kv_cache']:.1f} GiB) holds less than one sequence of "
-                f"rollout.max_model_len={w.max_model_len} ({seq:.1f} GiB): raise rollout.gpu_memory_utilization "
-                "or rollout.tensor_parallel_size"
+                f"rollout.engine.max_model_len={w.max_model_len} ({seq:.1f} GiB): raise rollout.engine.gpu_memory_utilization "
+                "or rollout.engine.tensor_parallel_size"
             )
     return out
 

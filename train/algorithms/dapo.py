@@ -9,7 +9,11 @@ functions the trainer calls:
   (:func:`filter_values`, :func:`varied_groups`, :func:`select_groups`, :func:`check_gen_batches`);
 - overlong shaping: a linear penalty over the last ``buffer_len`` tokens before the length limit
   (:func:`overlong_penalty`), added to the score, so truncation is discouraged smoothly rather than by a
-  cliff.
+  cliff; the step plug-in ``overlong_shaping`` applies it after the reward.
+
+Dynamic sampling stays a sampling strategy of the trainer (``GRPOTrainer._generate``), not a step plug-in:
+it decides how many generation batches a step draws, so it runs around generation and the reward, before
+there is a batch to hand to a plug-in.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from collections.abc import Sequence
 import torch
 
 from train.algorithms.advantages import _group_ids
-from train.algorithms.registry import Knob, register_knobs
+from train.algorithms.registry import Knob, register_knobs, register_step
 
 __all__ = [
-    "DAPO_KNOBS",
+    "DYNAMIC_SAMPLING_KNOBS",
     "FILTER_METRICS",
+    "OVERLONG_KNOBS",
     "check_gen_batches",
     "filter_values",
     "overlong_penalty",
@@ -135,11 +140,46 @@ def overlong_penalty(
     return torch.clamp(-excess / buffer_len * penalty_factor, max=0.0)
 
 
-DAPO_KNOBS = {
-    "filter_groups": (False, "DAPO dynamic sampling: drop groups whose rewards are all equal, refill"),
+DYNAMIC_SAMPLING_KNOBS = {
+    "filter_groups": Knob(False, "DAPO dynamic sampling: drop groups whose rewards are all equal, refill"),
     "filter_groups_metric": Knob("score", "value compared within a group: score | acc | seq_reward (score + overlong penalty) | seq_final_reward (seq_reward - in-reward KL)", str, choices=FILTER_METRICS),
     "max_num_gen_batches": Knob(10, "dynamic sampling: generation batches per step before giving up (0 = no cap)", int, valid=lambda n: n >= 0, rule=">= 0"),
+}  # fmt: skip
+register_knobs("dynamic_sampling", DYNAMIC_SAMPLING_KNOBS, select_groups)
+
+# ---- step plug-in: overlong shaping ---------------------------------------------------------------
+OVERLONG_KNOBS = {
     "overlong_buffer_len": Knob(0, "DAPO overlong shaping: penalty ramp length in tokens (0 = off; verl's enable=false, as a zero-length ramp is undefined)", int, valid=lambda n: n >= 0, rule=">= 0"),
     "overlong_penalty_factor": Knob(1.0, "DAPO overlong shaping: penalty at the length limit", float, valid=lambda f: f >= 0, rule=">= 0"),
 }  # fmt: skip
-register_knobs("dapo", DAPO_KNOBS, overlong_penalty)
+
+
+def _overlong_fits(cfg, run) -> str | None:
+    if cfg.overlong_buffer_len > run.rollout.max_new_tokens:
+        return (
+            f"algorithm.overlong_buffer_len={cfg.overlong_buffer_len} must be <= rollout.max_new_tokens="
+            f"{run.rollout.max_new_tokens} (the penalty ramps up to the length limit)"
+        )
+    return None
+
+
+@register_step(
+    "overlong_shaping",
+    "after_reward",
+    enabled=lambda cfg: cfg.overlong_buffer_len > 0,
+    knobs=OVERLONG_KNOBS,
+    check=_overlong_fits,
+)
+def overlong_shaping(cfg, batch, ctx) -> dict[str, float]:
+    """Add :func:`overlong_penalty` to ``batch["rewards"]`` (B,)."""
+    penalty = overlong_penalty(
+        batch["response_mask"].sum(-1),
+        ctx.max_new_tokens,
+        cfg.overlong_buffer_len,
+        cfg.overlong_penalty_factor,
+    )
+    batch["rewards"] = batch["rewards"] + penalty
+    return {
+        "train/overlong_penalty_mean": float(penalty.mean()),
+        "train/overlong_penalised_share": float((penalty < 0).float().mean()),
+    }

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 
 from train.algorithms.advantages import masked_whiten, scores_to_token_rewards
-from train.algorithms.losses import Number, agg_loss, masked_mean
+from train.algorithms.aggregation import Number, agg_loss, masked_mean
 from train.algorithms.registry import AdvantageOutput, Knob, register_adv_estimator
 
 __all__ = [
@@ -81,7 +81,7 @@ def value_loss(
     (B, T) the predictions made when the batch was collected; the clip keeps one update from moving a
     value further than ``cliprange_value`` from it. Metrics: ``critic/vf_loss``, ``critic/vf_clipfrac``
     (share of tokens where the clipped term is the larger), ``critic/vpred_mean``. Global normalisers as
-    in ``losses.agg_loss`` (micro-batches).
+    in ``aggregation.agg_loss`` (micro-batches).
     """
     clipped = torch.clamp(vpreds, old_values - cliprange_value, old_values + cliprange_value)
     unclipped_loss = (vpreds - returns) ** 2

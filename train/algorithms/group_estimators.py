@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from train.algorithms.advantages import _group_ids, _group_stats, _sequence_scores, masked_whiten
-from train.algorithms.registry import register_adv_estimator
+from train.algorithms.registry import Knob, register_adv_estimator
 
 __all__ = [
     "GPG_KNOBS",
@@ -116,8 +116,8 @@ def compute_grpo_passk_outcome_advantage(
 
 
 # ---- method-table adapters: fn(cfg, ctx) -> (B, T) -------------------------------------------------------
-GPG_KNOBS = {"gpg_f_norm": (1.0, "GPG: divide the advantage by this constant (verl never sets it: 1)")}
-PASSK_KNOBS = {"norm_adv_by_std_in_grpo": (True, "divide by the group std (False: Dr.GRPO-style)")}
+GPG_KNOBS = {"gpg_f_norm": Knob(1.0, "GPG: divide the advantage by this constant (verl never sets it: 1)")}
+PASSK_KNOBS = {"norm_adv_by_std_in_grpo": Knob(True, "divide by the group std (False: Dr.GRPO-style)")}
 
 
 @register_adv_estimator("reinforce_plus_plus_baseline")

@@ -6,17 +6,18 @@ number of responses in the batch that measured KL. Above the target beta grows, 
 most 20% of n_steps / horizon per update. The coefficient is plain state (a float) so the trainer can
 checkpoint it with the rest of its state.
 
-Per-token KL in the reward itself is ``losses.apply_kl_in_reward`` (rewards_t = scores_t - beta * kl_t).
+Per-token KL in the reward itself is ``kl.apply_kl_in_reward`` (rewards_t = scores_t - beta * kl_t); the
+step plug-in ``kl_in_reward`` applies it before the estimator and moves the coefficient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.algorithms.losses import KL_PENALTIES, apply_kl_in_reward
-from train.algorithms.registry import Knob, register_knobs
+from train.algorithms.kl import KL_PENALTIES, apply_kl_in_reward, kl_penalty
+from train.algorithms.registry import Knob, register_step
 
-__all__ = ["KL_CTRL_KNOBS", "KLController", "adaptive_kl_coef"]
+__all__ = ["KL_CTRL_KNOBS", "KLController", "adaptive_kl_coef", "kl_in_reward"]
 
 
 def adaptive_kl_coef(coef: float, current_kl: float, target_kl: float, horizon: int, n_steps: int) -> float:
@@ -63,4 +64,33 @@ KL_CTRL_KNOBS = {
         choices=tuple(KL_PENALTIES) + tuple(f"{k}+" for k in KL_PENALTIES),
     ),
 }
-register_knobs("kl_in_reward", KL_CTRL_KNOBS, apply_kl_in_reward)
+
+
+# ---- step plug-in: KL in the reward ---------------------------------------------------------------
+@register_step(
+    "kl_in_reward",
+    "before_estimator",
+    enabled=lambda cfg: cfg.use_kl_in_reward,
+    knobs=KL_CTRL_KNOBS,
+    needs=("ref_log_probs",),
+    state=lambda cfg: {"kl_coef": cfg.kl_ctrl.kl_coef},
+)
+def kl_in_reward(cfg, batch, ctx) -> dict[str, float]:
+    """verl's apply_kl_penalty: ``batch["token_rewards"]`` = rewards at the last token - beta * kl at every
+    token, ``batch["rewards"]`` their sum; KL to the reference from the trainer's old log-probs when the
+    step computed them, else the rollout engine's. Then the controller moves beta for the next step."""
+    old = batch.get("old_log_probs")
+    old = old if old is not None else batch["rollout_log_probs"]
+    mask, n = batch["response_mask"], len(batch)
+    ctrl = KLController(ctx.state["kl_coef"], cfg.kl_ctrl.type, cfg.kl_ctrl.target_kl, cfg.kl_ctrl.horizon)
+    token_rewards, metrics = apply_kl_in_reward(
+        batch["rewards"], old, batch["ref_log_probs"], mask, ctrl.value, cfg.kl_penalty
+    )
+    batch["token_rewards"], batch["rewards"] = token_rewards, token_rewards.sum(-1)
+    per_seq = kl_penalty(old, batch["ref_log_probs"], cfg.kl_penalty) * mask
+    metrics["train/kl_in_reward"] = per_seq.sum(-1).mean().item()
+    total = ctx.all_reduce_sum(n)
+    ctx.state["kl_coef"] = ctrl.update(
+        ctx.all_reduce_sum(metrics["actor/reward_kl_penalty"] * n) / total, int(total)
+    )
+    return metrics

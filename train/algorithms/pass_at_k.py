@@ -1,4 +1,4 @@
-"""pass@k, the one implementation: train's sampled held-out validation (train/validation.py) and the eval
+"""pass@k, the one implementation: train's sampled held-out validation (train/heldout_metrics.py) and the eval
 suites (evals/math.py) both import it from here (a pure function, the lowest layer both may import)."""
 
 from __future__ import annotations

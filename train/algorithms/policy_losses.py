@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from train.algorithms.losses import _ppo_terms, masked_mean
+from train.algorithms.actor_loss import CLIP_KNOBS, _ppo_terms
+from train.algorithms.aggregation import masked_mean
 from train.algorithms.registry import Knob, policy_loss_from, register_policy_loss
 from train.algorithms.rollout_correction import rollout_correction
 
@@ -303,27 +304,23 @@ def bypass_mode_loss(
 
 
 # ---- method-table adapters: fn(old_log_prob, log_prob, advantages, response_mask, cfg, extras) -----------
-CLIP_KNOBS = {
-    "clip_ratio_low": (0.2, "PPO clip: ratio >= 1 - clip_ratio_low"),
-    "clip_ratio_high": (0.2, "PPO clip: ratio <= 1 + clip_ratio_high"),
-}
-POLICY_LOSS_KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
+POLICY_LOSS_KNOBS: dict[str, dict[str, Knob]] = {
     "gspo": CLIP_KNOBS,
     "clip_cov": {
         **CLIP_KNOBS,
-        "clip_cov_ratio": (0.0002, "Clip-Cov: share of valid tokens whose gradient is cut"),
-        "clip_cov_lb": (1.0, "Clip-Cov: lower bound of the covariance of a cut token"),
-        "clip_cov_ub": (5.0, "Clip-Cov: upper bound of the covariance of a cut token"),
+        "clip_cov_ratio": Knob(0.0002, "Clip-Cov: share of valid tokens whose gradient is cut"),
+        "clip_cov_lb": Knob(1.0, "Clip-Cov: lower bound of the covariance of a cut token"),
+        "clip_cov_ub": Knob(5.0, "Clip-Cov: upper bound of the covariance of a cut token"),
     },
     "kl_cov": {
-        "kl_cov_ratio": (0.0002, "KL-Cov: share of valid tokens given the KL penalty"),
-        "ppo_kl_coef": (0.1, "KL-Cov: coefficient of |logp - old_logp| on those tokens"),
+        "kl_cov_ratio": Knob(0.0002, "KL-Cov: share of valid tokens given the KL penalty"),
+        "ppo_kl_coef": Knob(0.1, "KL-Cov: coefficient of |logp - old_logp| on those tokens"),
     },
     "cispo": CLIP_KNOBS,
     "gpg": {},
     "sapo": {
-        "tau_pos": (1.0, "SAPO gate temperature for positive advantages"),
-        "tau_neg": (1.05, "SAPO gate temperature for non-positive advantages"),
+        "tau_pos": Knob(1.0, "SAPO gate temperature for positive advantages"),
+        "tau_neg": Knob(1.05, "SAPO gate temperature for non-positive advantages"),
     },
     "geo_mean": CLIP_KNOBS,
     "bypass_mode": {

@@ -5,12 +5,18 @@ An estimator is ``fn(cfg, ctx) -> AdvantageOutput | Tensor (B, T)``: ``cfg`` the
 ``fn(old_log_prob, log_prob, advantages, response_mask, cfg, extras) -> (per-token loss (B, T), metrics)``;
 aggregation (``loss_agg_mode``) is applied after it, by the one shared ``agg_loss``.
 
-Each entry declares its knobs (``{"gamma": (1.0, "discount")}`` or :class:`Knob`), which become config keys
+Each entry declares its knobs (``{"gamma": Knob(1.0, "discount")}``), which become config keys
 ``algorithm.<knob>`` (typed, listed by ``python -m train --help``, checked by ``--validate``), and what it
 needs from the trainer beyond scores, groups and masks (``needs=("baseline_scores",)``,
 ``needs=("signals.classmate_scores",)``), so the trainer supplies it without naming the estimator and
 config validation can name the missing part before a model loads. Adding an estimator with a knob is one
 file: a module in ``train/algorithms/`` is imported by :func:`load_entries`, and so registered.
+
+Trainer-side features (DAPO's overlong shaping, KL in the reward, rollout IS/RS, a length penalty, ...) are
+step plug-ins, registered beside their pure functions with :func:`register_step`: ``fn(cfg, batch, ctx) ->
+metrics`` runs at a named point of the GRPO step (:data:`POINTS`) when its ``enabled(cfg)`` says so, reads
+and writes the batch's named tensors (``batch["rewards"]``, ``batch["loss_mask"]``, ...; see
+train/batch.py) and declares the inputs it needs (:data:`INPUTS`), which the trainer computes for it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-NEEDS = ("baseline_scores", "values", "token_rewards")  # besides signals.<name>
+# What an estimator or a step plug-in may declare it needs (besides signals.<name>, the reward's): the
+# trainer's table of providers (train/stages/grpo.py INPUT_PROVIDERS) computes each into batch[name].
+INPUTS = ("baseline_scores", "values", "old_log_probs", "ref_log_probs", "rollout_log_probs")
+# Where step plug-ins run, in this order: after the reward (score shaping), before the estimator (e.g. KL
+# in the reward), before the update (loss masks and weights), after the update (figures).
+POINTS = ("after_reward", "before_estimator", "before_update", "after_update")
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,19 @@ class Entry:
     # a policy loss that applies the rollout-correction weights itself (extras["is_weights"], (B, T) or
     # None) instead of having them multiply its per-token loss (e.g. geo_mean: a geometric mean per sequence)
     applies_is_weights: bool = False
+    point: str = ""  # step plug-ins: where in the step it runs (POINTS)
+    enabled: Callable[[Any], bool] | None = None  # step plug-ins: on for this algorithm config?
+    check: Callable[[Any, Any], str | None] | None = None  # (algorithm cfg, run cfg) -> problem or None
+    state: Callable[[Any], dict] | None = None  # step plug-ins: initial state carried across steps
+
+
+@dataclass
+class StepContext:
+    """What a step plug-in may read beside the algorithm config and the batch."""
+
+    max_new_tokens: int  # rollout.max_new_tokens: the response length limit
+    state: dict = field(default_factory=dict)  # plug-in state across steps, saved with checkpoints
+    all_reduce_sum: Callable[[float], float] = float  # a figure summed over ranks
 
 
 @dataclass
@@ -85,27 +109,25 @@ class AdvantageOutput:
 
 ADV_ESTIMATORS: dict[str, Entry] = {}
 POLICY_LOSSES: dict[str, Entry] = {}
-# Knobs of trainer-side features that are neither an estimator nor a loss mode (DAPO's sampling and
-# overlong shaping, rollout/trainer mismatch correction, the in-reward KL estimator): `register_knobs`.
+# Knobs of a trainer-side feature that is not a step plug-in (DAPO's dynamic sampling): `register_knobs`.
 FEATURES: dict[str, Entry] = {}
+STEP_PLUGINS: dict[str, Entry] = {}  # register_step, in registration order
 _TABLES = {"algorithm.adv_estimator": ADV_ESTIMATORS, "algorithm.policy_loss_mode": POLICY_LOSSES}
 
 
 def _knobs(knobs: dict | None) -> dict[str, Knob]:
-    out = {}
     for name, spec in (knobs or {}).items():
-        out[name] = spec if isinstance(spec, Knob) else Knob(*spec)
-    return out
+        if not isinstance(spec, Knob):
+            raise TypeError(f"knob {name!r}: declare it as Knob(default, doc, ...), one style for every knob")
+    return dict(knobs or {})
 
 
-def _register(
-    table: dict[str, Entry], name: str, knobs, needs, hint, applies_is_weights: bool = False
-) -> Callable:
+def _register(table: dict[str, Entry], name: str, knobs, needs, hint, **step) -> Callable:
     def decorate(fn: Callable) -> Callable:
         for need in needs:
-            if need not in NEEDS and not need.startswith("signals."):
-                raise ValueError(f"{name}: unknown need {need!r} (known: {NEEDS} or signals.<name>)")
-        entry = Entry(name, fn, _knobs(knobs), tuple(needs), hint, fn.__module__, applies_is_weights)
+            if need not in INPUTS and not need.startswith("signals."):
+                raise ValueError(f"{name}: unknown need {need!r} (known: {INPUTS} or signals.<name>)")
+        entry = Entry(name, fn, _knobs(knobs), tuple(needs), hint, fn.__module__, **step)
         old = table.get(name)
         if old is not None and (old.module, old.fn.__qualname__) != (entry.module, fn.__qualname__):
             raise ValueError(f"{name!r} is registered twice ({old.module} and {entry.module})")
@@ -132,7 +154,7 @@ def register_adv_estimator(
 def register_policy_loss(name: str, knobs: dict | None = None, applies_is_weights: bool = False) -> Callable:
     """Decorator: `fn(old_log_prob, log_prob, advantages, response_mask, cfg, extras)` becomes
     `algorithm.policy_loss_mode=<name>`; `applies_is_weights`: see :class:`Entry`."""
-    return _register(POLICY_LOSSES, name, knobs, (), "", applies_is_weights)
+    return _register(POLICY_LOSSES, name, knobs, (), "", applies_is_weights=applies_is_weights)
 
 
 def policy_loss_from(name: str, loss_fn: Callable, knobs: dict, applies_is_weights: bool = False) -> Callable:
@@ -154,13 +176,43 @@ def policy_loss_from(name: str, loss_fn: Callable, knobs: dict, applies_is_weigh
 
 def register_knobs(name: str, knobs: dict, fn: Callable) -> None:
     """Declare the `algorithm.<knob>` keys of a trainer-side feature `name` whose pure function is `fn`
-    (e.g. `register_knobs("dapo", DAPO_KNOBS, overlong_penalty)`), beside that function."""
+    (e.g. `register_knobs("dynamic_sampling", DYNAMIC_SAMPLING_KNOBS, select_groups)`), beside that function."""
     _register(FEATURES, name, knobs, (), "")(fn)
+
+
+def register_step(
+    name: str,
+    point: str,
+    enabled: Callable[[Any], bool],
+    knobs: dict | None = None,
+    needs: tuple[str, ...] = (),
+    check: Callable[[Any, Any], str | None] | None = None,
+    state: Callable[[Any], dict] | None = None,
+) -> Callable:
+    """Decorator: `fn(cfg, batch, ctx: StepContext) -> metrics` runs at `point` of every GRPO step where
+    `enabled(cfg)`; its `knobs` become `algorithm.<knob>`, its `needs` (INPUTS) are in the batch when it
+    runs, `check(algorithm cfg, run cfg)` names a bad combination before a model loads, and `state(cfg)`
+    is its initial state in `ctx.state` (kept across steps and in checkpoints)."""
+    if point not in POINTS:
+        raise ValueError(f"{name}: unknown step point {point!r} (known: {', '.join(POINTS)})")
+    return _register(
+        STEP_PLUGINS, name, knobs, needs, "", point=point, enabled=enabled, check=check, state=state
+    )
+
+
+def step_plugins(cfg: Any = None, point: str | None = None) -> list[Entry]:
+    """The registered step plug-ins (enabled for `cfg` when given; at `point` when given), in order."""
+    load_entries()
+    return [
+        p
+        for p in STEP_PLUGINS.values()
+        if (point is None or p.point == point) and (cfg is None or p.enabled(cfg))
+    ]
 
 
 def all_knobs_owners() -> dict[str, list[Entry]]:
     owners: dict[str, list[Entry]] = {}
-    for table in (ADV_ESTIMATORS, POLICY_LOSSES, FEATURES):
+    for table in (ADV_ESTIMATORS, POLICY_LOSSES, FEATURES, STEP_PLUGINS):
         for entry in table.values():
             for knob in entry.knobs:
                 owners.setdefault(knob, []).append(entry)

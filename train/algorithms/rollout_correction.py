@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from train.algorithms.losses import masked_mean
-from train.algorithms.registry import Knob, register_knobs
+from train.algorithms.aggregation import masked_mean
+from train.algorithms.registry import Knob, register_step
 
 __all__ = [
     "IS_LEVELS",
@@ -358,11 +358,43 @@ def _valid_rs(value: Any) -> bool:
 ROLLOUT_CORRECTION_KNOBS = {
     "rollout_is": Knob(None, "rollout/trainer TIS weights over the full response mask: token | sequence | null (off)", str, choices=(None, *IS_LEVELS)),
     "rollout_is_threshold": Knob(2.0, "TIS: weights truncated at this value", float, valid=lambda c: c > 0, rule="> 0"),
-    "rollout_is_batch_normalize": (False, "TIS: rescale the weights to mean 1 over the batch"),
+    "rollout_is_batch_normalize": Knob(False, "TIS: rescale the weights to mean 1 over the batch"),
     "rollout_is_batch_normalize_mask": Knob("response", "TIS batch normalisation averages over: response (every valid token, verl) | loss (the tokens left after rejection)", str, choices=IS_NORMALIZE_MASKS),
     "rollout_rs": Knob(None, "rejection (masked IS): verl's criteria token_k1|k2|k3, seq_sum_k*, seq_mean_k*, seq_max_k2|k3, comma-chained, with rollout_rs_threshold; or token | sequence | geometric bounded by rollout_rs_lower/upper; null (off)", str, valid=_valid_rs, rule="a comma list of token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, seq_max_k2|k3, or one of token | sequence | geometric"),
     "rollout_rs_threshold": Knob(None, "rejection bounds of verl's criteria, one entry or one per criterion: lower_upper on pi_rollout/pi_train (or u = [1/u, u]) for k1, an upper bound for k2/k3", str),
     "rollout_rs_lower": Knob(0.5, "rejection token|sequence|geometric: lowest kept ratio pi_train / pi_rollout", float, valid=lambda x: x > 0, rule="> 0"),
     "rollout_rs_upper": Knob(2.0, "rejection token|sequence|geometric: highest kept ratio pi_train / pi_rollout", float, valid=lambda x: x > 0, rule="> 0"),
 }  # fmt: skip
-register_knobs("rollout_correction", ROLLOUT_CORRECTION_KNOBS, rollout_correction)
+
+
+# ==== the step plug-ins: rollout correction before the update, mismatch figures after it ============
+
+
+@register_step(
+    "rollout_correction",
+    "before_update",
+    # bypass mode corrects inside its loss (on pi_current / pi_rollout), not here
+    enabled=lambda cfg: (
+        (cfg.rollout_is is not None or cfg.rollout_rs is not None) and cfg.policy_loss_mode != "bypass_mode"
+    ),
+    knobs=ROLLOUT_CORRECTION_KNOBS,
+    needs=("old_log_probs", "rollout_log_probs"),
+)
+def rollout_correction_step(cfg, batch, ctx) -> dict[str, float]:
+    """``batch["loss_mask"]`` and ``batch["is_weights"]`` from :func:`rollout_correction`."""
+    loss_mask, is_weights, metrics = rollout_correction(
+        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], cfg
+    )
+    batch["loss_mask"] = loss_mask
+    if is_weights is not None:
+        batch["is_weights"] = is_weights
+    return metrics
+
+
+@register_step("mismatch_metrics", "after_update", enabled=lambda cfg: True)
+def mismatch_step(cfg, batch, ctx) -> dict[str, float]:
+    """:func:`mismatch_metrics` every step where both log-probs exist (the trainer's: its old log-probs,
+    or those the single on-policy update saw)."""
+    if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
+        return {}
+    return mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])

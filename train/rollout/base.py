@@ -8,9 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # config validation reads ENGINE_ARGS without importing torch
+    import torch
+
+    from train.batch import Batch
+
+# What the trainer gives an engine's constructor (train/loop.py engine_spec), besides its own
+# `rollout.engine.<argument>` settings: the policy's weights always; the compute dtype (the policy's
+# resolved precision) and the run's seed where the engine takes them and the config does not set them.
+ENGINE_ARGS = {
+    "model_path": "the policy's weights (model.path; not a rollout.engine key)",
+    "dtype": "the policy's resolved precision",
+    "seed": "the run's seed",
+}
 
 
 @dataclass
@@ -26,29 +38,14 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
 
-@dataclass
-class Rollout:
-    """n samples per prompt, flattened prompt-major: sample j of prompt p is row p * n + j."""
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    response_logprobs: list[list[float]]  # log-probs of the sampled tokens under the engine's weights
-    texts: list[str]
-    finish_reasons: list[str]  # "stop" (EOS or stop string) or "length" (hit max_new_tokens)
-    group_index: list[int]  # index of the prompt each row was sampled for
-
-    def __len__(self) -> int:
-        return len(self.response_ids)
-
-    @property
-    def num_response_tokens(self) -> int:
-        return sum(len(r) for r in self.response_ids)
-
-
 class RolloutEngine(Protocol):
-    """What the trainer and the evals need from a generator."""
+    """What the trainer and the evals need from a generator. Built from `rollout.engine` (its `_target_`
+    and its own settings) with ENGINE_ARGS; a class may define `check_settings(world_size, **arguments)`,
+    raising a ValueError that names the key, which config validation runs before any model loads."""
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout: ...
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
+        """n samples per prompt as a Batch (rows only), prompt-major: sample j of prompt p is row p * n + j."""
+        ...
 
     def sequence_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]

@@ -12,13 +12,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from train.rollout.base import Rollout, SamplingConfig, expand_groups
+from train.batch import Batch
+from train.rollout.base import SamplingConfig, expand_groups
 
 
 class HFEngine:
-    def __init__(
-        self, model_path: str | Path, dtype: str = "float32", batch_size: int = 64, **_: object
-    ) -> None:
+    def __init__(self, model_path: str | Path, dtype: str = "float32", batch_size: int = 64) -> None:
         self.dtype = getattr(torch, dtype)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self.device = self.device or torch.device("cpu")
@@ -30,7 +29,7 @@ class HFEngine:
         self.batch_size = batch_size
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         rows, groups = expand_groups(prompt_ids, sampling.n)
         response_ids: list[list[int]] = []
         logprobs: list[list[float]] = []
@@ -63,7 +62,7 @@ class HFEngine:
                 response_ids.append(seq[:end])
                 logprobs.append(token_lp[b, :end].tolist())
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        return Rollout(rows, response_ids, logprobs, texts, finish, groups)
+        return Batch(rows, response_ids, logprobs, texts, finish, groups)
 
     @torch.no_grad()
     def sequence_logprobs(

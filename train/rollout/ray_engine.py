@@ -24,8 +24,10 @@ from pathlib import Path
 import torch
 from hydra.utils import instantiate
 
+from train.batch import Batch
+from train.components import target_params
 from train.ray_cluster import connect
-from train.rollout.base import Rollout, SamplingConfig
+from train.rollout.base import ENGINE_ARGS, SamplingConfig
 
 DEFAULT_INNER = {"_target_": "train.rollout.vllm_engine.VLLMEngine"}
 
@@ -43,19 +45,6 @@ def split_prompts(num_prompts: int, parts: int) -> list[range]:
     return ranges
 
 
-def concat_rollouts(parts: list[Rollout], prompt_offsets: list[int]) -> Rollout:
-    """Rollouts of consecutive prompt ranges as one, group indices shifted to the whole batch's."""
-    out = Rollout([], [], [], [], [], [])
-    for part, offset in zip(parts, prompt_offsets):
-        out.prompt_ids += part.prompt_ids
-        out.response_ids += part.response_ids
-        out.response_logprobs += part.response_logprobs
-        out.texts += part.texts
-        out.finish_reasons += part.finish_reasons
-        out.group_index += [g + offset for g in part.group_index]
-    return out
-
-
 class _EngineActor:
     def __init__(self, spec: dict, kwargs: dict) -> None:
         self.engine = instantiate(spec, **kwargs)
@@ -65,7 +54,7 @@ class _EngineActor:
 
         return ray.get_runtime_context().get_node_id()
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         return self.engine.generate(prompt_ids, sampling)
 
     def sequence_logprobs(self, prompt_ids, response_ids) -> list[list[float]]:
@@ -102,7 +91,13 @@ class RayEngine:
         spec = dict(engine or DEFAULT_INNER)
         if spec.get("_target_", "").endswith("RayEngine"):
             raise ValueError("rollout.engine.engine: a RayEngine cannot wrap another RayEngine")
-        kwargs = {"model_path": str(model_path), **engine_kwargs}
+        _, params = target_params("rollout.engine.engine", spec["_target_"])
+        takes = {p.name for p in params or ()} if params and not any(p.var_keyword for p in params) else None
+        # what the trainer supplies every engine (ENGINE_ARGS) goes on only where the inner engine takes it
+        kwargs = {
+            "model_path": str(model_path),
+            **{k: v for k, v in engine_kwargs.items() if takes is None or k in takes or k not in ENGINE_ARGS},
+        }
         remote = ray.remote(
             num_cpus=num_cpus_per_engine, num_gpus=num_gpus_per_engine, scheduling_strategy="SPREAD"
         )(_EngineActor)
@@ -116,7 +111,7 @@ class RayEngine:
 
         return ray.get([a.node_id.remote() for a in self.actors])
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         import ray
 
         ranges = split_prompts(len(prompt_ids), len(self.actors))
@@ -126,7 +121,7 @@ class RayEngine:
             )
             for actor, r in zip(self.actors, ranges)
         ]
-        return concat_rollouts(ray.get(futures), [r.start for r in ranges])
+        return Batch.concat(ray.get(futures))  # group indices offset to the whole batch's
 
     def sequence_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]

@@ -4,7 +4,9 @@ The engine runs in the trainer's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0) 
 trainer's torch.distributed group instead of spawning workers (at world size > 1 through the
 `external_launcher` executor): each rank owns one engine and generates its own share of the batch.
 
-Device settings follow where it runs (`engine_kwargs`):
+Its settings are `rollout.engine.<argument>` keys (this class's constructor; `python -m train --help` lists
+them with their defaults), checked before a model loads by `check_settings`. Device settings follow where
+it runs (`engine_kwargs`):
 - CPU: eager mode, KV cache of `kv_cache_gb`, whole-prompt prefill; new weights go in through
   `reload_weights` (the CPU backend prepacks linear layers, so a plain `load_weights` fails).
 - GPU (verl's hybrid engine / TRL's colocate mode): CUDA graphs on (`enforce_eager=None` = auto),
@@ -39,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from train.rollout.base import Rollout, SamplingConfig, expand_groups
+from train.batch import Batch
+from train.rollout.base import SamplingConfig, expand_groups
 
 SLEEP_LEVELS = (0, 1, 2)  # 0 = never sleep
 
@@ -52,6 +55,21 @@ def _configure_env(kv_cache_gb: float) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
+def check_settings(
+    world_size: int, gpu_memory_utilization: float, tensor_parallel_size: int, sleep_level: int, **_: object
+) -> None:
+    """The engine's own range checks (a ValueError naming the key), run by config validation with the
+    constructor's arguments as configured and by the constructor itself."""
+    if sleep_level not in SLEEP_LEVELS:
+        raise ValueError(f"rollout.engine.sleep_level={sleep_level}: expected one of {SLEEP_LEVELS}")
+    if tensor_parallel_size < 1 or world_size % tensor_parallel_size:
+        raise ValueError(
+            f"rollout.engine.tensor_parallel_size={tensor_parallel_size} must divide world_size={world_size}"
+        )
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"rollout.engine.gpu_memory_utilization={gpu_memory_utilization}: expected (0, 1]")
+
+
 def engine_kwargs(
     device_type: str,
     dtype: str,
@@ -59,18 +77,13 @@ def engine_kwargs(
     max_model_len: int,
     world_size: int,
     enable_prefix_caching: bool = True,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = 0.5,
     tensor_parallel_size: int = 1,
     sleep_level: int = 2,
     enforce_eager: bool | None = None,
 ) -> dict:
     """The keyword arguments of `vllm.LLM(...)` for an engine colocated on `device_type` (cpu | cuda)."""
-    if sleep_level not in SLEEP_LEVELS:
-        raise ValueError(f"rollout.sleep_level={sleep_level}: expected one of {SLEEP_LEVELS}")
-    if tensor_parallel_size < 1 or world_size % tensor_parallel_size:
-        raise ValueError(
-            f"rollout.tensor_parallel_size={tensor_parallel_size} must divide world_size={world_size}"
-        )
+    check_settings(world_size, gpu_memory_utilization, tensor_parallel_size, sleep_level)
     kwargs: dict = {
         "dtype": dtype,
         "seed": seed,
@@ -83,8 +96,6 @@ def engine_kwargs(
     if tensor_parallel_size > 1:
         kwargs["tensor_parallel_size"] = tensor_parallel_size
     if device_type == "cuda":
-        if not 0.0 < gpu_memory_utilization <= 1.0:
-            raise ValueError(f"rollout.gpu_memory_utilization={gpu_memory_utilization}: expected (0, 1]")
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         kwargs["enforce_eager"] = False if enforce_eager is None else enforce_eager  # CUDA graphs
         kwargs["enable_sleep_mode"] = sleep_level > 0
@@ -94,16 +105,6 @@ def engine_kwargs(
         # ("CPU Generator does not use offset"): prefill whole prompts instead.
         kwargs["enable_chunked_prefill"] = False
     return kwargs
-
-
-def engine_device_kwargs(rollout_cfg) -> dict:
-    """The `rollout.*` GPU keys (train/config.py) as engine constructor arguments."""
-    return {
-        "gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
-        "tensor_parallel_size": rollout_cfg.tensor_parallel_size,
-        "sleep_level": rollout_cfg.sleep_level,
-        "enforce_eager": rollout_cfg.enforce_eager,
-    }
 
 
 def bucketed(
@@ -130,7 +131,7 @@ def bucketed(
 def tp_groups(world_size: int, tp: int) -> list[list[int]]:
     """vLLM's tensor-parallel groups under `external_launcher`: consecutive ranks, t at a time."""
     if tp < 1 or world_size % tp:
-        raise ValueError(f"rollout.tensor_parallel_size={tp} must divide world_size={world_size}")
+        raise ValueError(f"rollout.engine.tensor_parallel_size={tp} must divide world_size={world_size}")
     return [list(range(g * tp, (g + 1) * tp)) for g in range(world_size // tp)]
 
 
@@ -186,25 +187,32 @@ def empty_device_cache() -> None:
 
 
 class VLLMEngine:
-    """Colocated vLLM engine. `dtype` is the engine's compute dtype (float32 or bfloat16).
+    """Colocated vLLM engine. `dtype` is the engine's compute dtype (float32 or bfloat16; in training,
+    unless `rollout.engine.dtype` says otherwise, the policy's resolved precision), `seed` vLLM's (in
+    training, the run's `seed`).
 
-    The GPU-only knobs (`gpu_memory_utilization`, `sleep_level`, CUDA graphs via `enforce_eager=None`)
-    are ignored on CPU; `kv_cache_gb` is the CPU KV cache (on GPU the cache gets what
+    `max_model_len`: longest prompt + response. GPU only (the engine runs on CPU without them):
+    `gpu_memory_utilization` (share of each GPU vLLM may take: weights + KV cache), `tensor_parallel_size`
+    (ranks per TP group, consecutive; must divide world_size), `sleep_level` (2 = drop weights and KV
+    cache for the policy update, 1 = weights to CPU, 0 = never sleep), `enforce_eager` (None = CUDA graphs
+    on GPU, eager on CPU). `kv_cache_gb` is the CPU KV cache (on GPU the cache gets what
     `gpu_memory_utilization` leaves after the weights and activations). `sleep_level=2` is for the
     policy's rollout engine, the only one that sleeps; every other engine passes `sleep_level=0` and
     holds `gpu_memory_utilization` of each GPU while it lives (see the module docstring).
     """
 
+    check_settings = staticmethod(check_settings)
+
     def __init__(
         self,
         model_path: str | Path,
         dtype: str = "float32",
-        max_model_len: int = 2048,
+        max_model_len: int = 1024,
         kv_cache_gb: float = 1.0,
         seed: int = 0,
         enforce_eager: bool | None = None,
         enable_prefix_caching: bool = True,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
         sleep_level: int = 2,
         weight_bucket_mb: int = 512,
@@ -263,7 +271,7 @@ class VLLMEngine:
             stop=list(sampling.stop) or None,
         )
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Batch:
         self._wake()
         rows, groups = expand_groups(prompt_ids, sampling.n)
         # One request per sample with its own seed, so each sample depends only on (seed, row), not
@@ -282,7 +290,7 @@ class VLLMEngine:
             logprobs.append([lp[t].logprob for lp, t in zip(c.logprobs, ids)] if c.logprobs else [])
             texts.append(c.text)
             finish.append("length" if c.finish_reason == "length" else "stop")
-        return Rollout(rows, response_ids, logprobs, texts, finish, groups)
+        return Batch(rows, response_ids, logprobs, texts, finish, groups)
 
     def sequence_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]

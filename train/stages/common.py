@@ -10,7 +10,14 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from train.config import ENGINE_SUPPLIED, ConfigError, RunConfig, validate_components, validate_run
+from train.config import (
+    ENGINE_SUPPLIED,
+    ConfigError,
+    RunConfig,
+    validate_components,
+    validate_engine,
+    validate_run,
+)
 from train.data import encode_prompts
 from train.loop import TrainingLoop
 from train.policy.distributed import all_gather_objects
@@ -28,6 +35,7 @@ def validate_run_config(cfg: DictConfig, batch_size: int) -> None:
     """The run-level checks plus the batch size's and the accuracy engine's; each error names the key."""
     validate_run(cfg)
     validate_components(cfg, ENGINE_SUPPLIED)
+    validate_engine(cfg)
     for ok, message in [
         (batch_size >= 1, "data.batch_size must be >= 1"),
         (batch_size % cfg.world_size == 0, "data.batch_size must be divisible by world_size"),

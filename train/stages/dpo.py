@@ -2,7 +2,7 @@
 
 Per pair, with summed response log-probs pi (policy) and ref (reference = the starting model):
 L = -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), averaged over the step's pairs on all ranks
-(`train.algorithms.losses.dpo_loss`, the one implementation).
+(`train.algorithms.dpo.dpo_loss`, the one implementation).
 
 Token-budget micro-batches split a pair's two answers apart, and L is not linear in them, so each step
 makes two passes: a no-grad pass for the summed log-probs, then a backward pass of the linear surrogate
@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from data_prep.datasets import load_pairs
 from data_prep.preference import BUILTIN
 from data_prep.schema import extra_info_of
-from train.algorithms.losses import dpo_loss
+from train.algorithms.dpo import dpo_loss
 from train.config import ConfigError
 from train.data import PromptSampler
 from train.loop import run_loop

@@ -1,9 +1,12 @@
 """GRPO (and every other registered estimator: DARLING, Classmate, ...) on the one training loop.
 
-Each step reads like the algorithm: rollout -> reward -> advantage -> policy update(s) -> weight sync;
-logging, validation schedule, checkpoints and resume are the loop's (train/loop.py). The advantage comes
-from the method table (train/algorithms/registry.py): the step names no estimator, and gives each
-what it declares it needs.
+A step is a short pipeline over one batch (train/batch.py): generate -> reward -> the inputs the step
+needs -> step plug-ins -> advantage -> policy update(s) -> weight sync. Logging, the validation schedule,
+checkpoints and resume are the loop's (train/loop.py). The advantage estimator and the trainer-side
+features (overlong shaping, KL in the reward, rollout IS/RS, ...) come from the method table
+(train/algorithms/registry.py): each declares what it needs (old/reference log-probs, critic values,
+greedy baselines, reward signals), the providers below compute exactly that, and the step names none of
+them.
 
 Every rank owns a colocated rollout engine and generates the groups of its share of the prompts, so
 a group never spans ranks and advantages are computed locally; only the loss normalisers and the
@@ -26,6 +29,8 @@ from data_prep.datasets import load_prompt_rows
 from train import checkpoint as ckpt
 from train import samples
 from train.algorithms import registry
+from train.algorithms.actor_loss import actor_loss
+from train.algorithms.aggregation import global_normalisers
 from train.algorithms.classmate import char_span_to_token_span, cot_token_mask
 from train.algorithms.dapo import (
     check_gen_batches,
@@ -35,41 +40,50 @@ from train.algorithms.dapo import (
     varied_groups,
 )
 from train.algorithms.gae import actor_trains_at, value_loss
-from train.algorithms.kl_control import KLController
-from train.algorithms.losses import actor_loss, apply_kl_in_reward, global_normalisers, kl_penalty
-from train.algorithms.rollout_correction import mismatch_metrics, rollout_correction
+from train.batch import Batch
 from train.config import train_schema, validate
 from train.data import PromptSampler, encode_prompts
+from train.heldout_metrics import heldout_metrics
 from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
-from train.rewards.base import RewardResult
-from train.rollout.base import Rollout, SamplingConfig
-from train.validation import heldout_metrics
+from train.rollout.base import SamplingConfig
+
+# Who computes each input an estimator or a step plug-in may need (registry.INPUTS), in the order they
+# run: (trainer method, needs the rollout engine awake). Engine inputs run before the engine sleeps.
+INPUT_PROVIDERS: dict[str, tuple[str, bool]] = {
+    "baseline_scores": ("_greedy_baselines", True),  # ReMax: the reward of a greedy answer to the prompt
+    "rollout_log_probs": ("_rollout_log_probs", False),  # the engine's, returned with the samples
+    "old_log_probs": ("_old_log_probs", False),  # the policy's before this step's update
+    "ref_log_probs": ("_ref_log_probs", False),  # the frozen reference policy's
+    "values": ("_values", False),  # the critic's value of each response token's state
+}
 
 
-def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r[:width], dtype=torch.float32)
-    return out
-
-
-def make_actor_loss_fn(
-    algo, adv, mask, old_lp, ref_lp, scale_factor: float, world: int, is_weights=None, seen_lp=None
-):
-    """The actor loss of one mini-batch (rows of `adv`, `mask`, ...: (N, R)) as a per-micro-batch callback.
-
-    Normalised over the whole mini-batch on all ranks, so micro-batch and rank splits give the
-    gradient of one big batch. `mask` is the loss mask (the response mask, or masked IS's); `is_weights`
-    (N, R) the rollout-correction weights or None; `seen_lp` (N, R), when given, receives the detached
-    log-probs of this update's forward (the trainer's old log-probs of a single on-policy update).
-    """
-    pg_entry = registry.policy_loss(algo.policy_loss_mode)
-    own_weights = pg_entry.applies_is_weights  # e.g. geo_mean: the loss mode weighs by is_weights itself
+def _normalisers(mask: torch.Tensor, scale_factor: float) -> dict:
     norms = global_normalisers(mask, scale_factor)
     norms["global_token_count"] = all_reduce_sum(norms["global_token_count"])
     norms["global_seq_count"] = all_reduce_sum(norms["global_seq_count"])
+    return norms
+
+
+def make_actor_loss_fn(algo, batch: Batch, scale_factor: float, world: int, seen_lp=None):
+    """The actor loss of one mini-batch as a per-micro-batch callback.
+
+    Reads `batch["advantages"]`, the loss mask (`batch["loss_mask"]`, e.g. masked IS's, else the response
+    mask), and when present `old_log_probs`, `ref_log_probs`, `is_weights` (all (N, R)). Normalised over
+    the whole mini-batch on all ranks, so micro-batch and rank splits give the gradient of one big batch.
+    `seen_lp` (N, R), when given, receives the detached log-probs of this update's forward (the old
+    log-probs of a single on-policy update).
+    """
+    pg_entry = registry.policy_loss(algo.policy_loss_mode)
+    own_weights = pg_entry.applies_is_weights  # e.g. geo_mean: the loss mode weighs by is_weights itself
+    # bypass mode (verl's rollout_correction.bypass_mode): the engine's log-probs are the old ones, and the
+    # loss mode corrects on pi_current / pi_rollout itself
+    old_name = "rollout_log_probs" if algo.policy_loss_mode == "bypass_mode" else "old_log_probs"
+    adv, old_lp, ref_lp = batch["advantages"], batch.get(old_name), batch.get("ref_log_probs")
+    mask, is_weights = batch.get("loss_mask", batch["response_mask"]), batch.get("is_weights")
+    norms = _normalisers(mask, scale_factor)
     local_tokens = max(float(mask.sum()), 1.0)
 
     def loss_fn(mb, log_probs, entropy):
@@ -105,11 +119,11 @@ def make_actor_loss_fn(
     return loss_fn
 
 
-def make_critic_loss_fn(algo, critic_cfg, returns, old_values, mask, scale_factor: float, world: int):
-    """The clipped value loss of one mini-batch (rows of `returns`, ...: (N, R)), normalised like the actor's."""
-    norms = global_normalisers(mask, scale_factor)
-    norms["global_token_count"] = all_reduce_sum(norms["global_token_count"])
-    norms["global_seq_count"] = all_reduce_sum(norms["global_seq_count"])
+def make_critic_loss_fn(algo, critic_cfg, batch: Batch, scale_factor: float, world: int):
+    """The clipped value loss of one mini-batch (`batch["returns"]` against `batch["values"]`, the values
+    at the rollout), normalised like the actor's."""
+    returns, old_values, mask = batch["returns"], batch["values"], batch["response_mask"]
+    norms = _normalisers(mask, scale_factor)
     local_tokens = max(float(mask.sum()), 1.0)
 
     def loss_fn(mb, values, _entropy):
@@ -127,62 +141,6 @@ def make_critic_loss_fn(algo, critic_cfg, returns, old_values, mask, scale_facto
         return loss * world, {k: v * weight for k, v in metrics.items()}
 
     return loss_fn
-
-
-class _RowView:
-    """`tensor[idx]` for writing: `view[rows, :R] = x` writes into `tensor[idx[rows], :R]`."""
-
-    def __init__(self, tensor: torch.Tensor, idx: list[int]) -> None:
-        self.tensor, self.idx = tensor, torch.tensor(idx)
-
-    def __setitem__(self, key, value) -> None:
-        rows, cols = key
-        self.tensor[self.idx[rows], cols] = value
-
-
-def _subset(rollout: Rollout, reward: RewardResult, idx: list[int]) -> tuple[Rollout, RewardResult]:
-    """Rows `idx` of a rollout and its reward, groups renumbered 0.. in order of first appearance."""
-    renumber: dict[int, int] = {}
-    for i in idx:
-        renumber.setdefault(rollout.group_index[i], len(renumber))
-    part = Rollout(
-        [rollout.prompt_ids[i] for i in idx],
-        [rollout.response_ids[i] for i in idx],
-        [rollout.response_logprobs[i] for i in idx],
-        [rollout.texts[i] for i in idx],
-        [rollout.finish_reasons[i] for i in idx],
-        [renumber[rollout.group_index[i]] for i in idx],
-    )
-    signals = {k: [v[i] for i in idx] for k, v in reward.signals.items()}
-    result = RewardResult(
-        scores=[reward.scores[i] for i in idx],
-        correct=None if reward.correct is None else [reward.correct[i] for i in idx],
-        metrics=dict(reward.metrics),
-        signals=signals,
-    )
-    return part, result
-
-
-def _concat(parts: list[tuple[Rollout, RewardResult]]) -> tuple[Rollout, RewardResult]:
-    """Generation batches back to back, group indices offset so they stay distinct."""
-    out_r = Rollout([], [], [], [], [], [])
-    scores, correct, signals, metrics = [], [], {}, {}
-    offset = 0
-    for rollout, reward in parts:
-        out_r.prompt_ids += rollout.prompt_ids
-        out_r.response_ids += rollout.response_ids
-        out_r.response_logprobs += rollout.response_logprobs
-        out_r.texts += rollout.texts
-        out_r.finish_reasons += rollout.finish_reasons
-        out_r.group_index += [g + offset for g in rollout.group_index]
-        offset += max(rollout.group_index, default=-1) + 1
-        scores += reward.scores
-        correct = None if correct is None or reward.correct is None else correct + reward.correct
-        for k, v in reward.signals.items():
-            signals.setdefault(k, []).extend(v)
-        for k, v in reward.metrics.items():
-            metrics[k] = metrics.get(k, 0.0) + v / len(parts)
-    return out_r, RewardResult(scores, correct, metrics, signals)
 
 
 class GRPOTrainer(TrainingLoop):
@@ -210,8 +168,9 @@ class GRPOTrainer(TrainingLoop):
     def setup(self) -> None:
         cfg = self.cfg
         pol, algo = cfg.policy, cfg.algorithm
+        needs = self._needs()
         self.ref = None
-        if algo.use_kl_loss or algo.use_kl_in_reward:
+        if "ref_log_probs" in needs:
             self.ref = Policy(
                 self.model_path,
                 precision=self.policy.precision,  # auto is resolved once, by the trained policy
@@ -220,10 +179,12 @@ class GRPOTrainer(TrainingLoop):
                 share_prompts=pol.share_prompts,
                 pad_id=self.pad_id,
             )
-        kc = algo.kl_ctrl
-        self.kl_ctrl = KLController(kc.kl_coef, kc.type, kc.target_kl, kc.horizon)
+        # the step plug-ins' state (e.g. the in-reward KL coefficient), saved with each checkpoint
+        self.plugin_state: dict = {}
+        for plugin in registry.step_plugins():
+            self.plugin_state.update(plugin.state(algo) if plugin.state else {})
         self.extra_gen_batches = 0  # dynamic sampling: generation batches drawn beyond one per step
-        if "values" in self.estimator.needs:  # PPO with a critic
+        if "values" in needs:  # PPO with a critic
             from train.models import resolve_model_path
             from train.policy.critic import Critic
 
@@ -257,10 +218,10 @@ class GRPOTrainer(TrainingLoop):
         return self.cfg.data.prompts_per_step
 
     def extra_state(self) -> dict:
-        return {"kl_coef": self.kl_ctrl.value, "extra_gen_batches": self.extra_gen_batches}
+        return {**self.plugin_state, "extra_gen_batches": self.extra_gen_batches}
 
     def restore(self, state: dict) -> None:
-        self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        self.plugin_state.update({k: state[k] for k in self.plugin_state if k in state})
         self.extra_gen_batches = int(state.get("extra_gen_batches", 0))
         if self.critic is not None:
             ckpt.restore_critic(self.latest_checkpoint, self.critic, state, self.rank)
@@ -296,297 +257,275 @@ class GRPOTrainer(TrainingLoop):
 
     # ------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
-        cfg, algo = self.cfg, self.cfg.algorithm
+        """generate -> reward -> inputs -> plug-ins -> estimator -> update -> weight sync."""
         t0 = time.perf_counter()
-        # ---- rollout + reward (DAPO dynamic sampling: more generation batches until the groups vary) ----
-        mine, rows, rollout, reward, sampling, (t_rollout, t_reward) = self._generate(step)
-        t2 = t0 + t_rollout + t_reward
-        # ---- advantage ----
-        width = max(max(len(r) for r in rollout.response_ids), 1)
-        mask = _padded([[1.0] * len(r) for r in rollout.response_ids], width)
-        scores = torch.tensor(reward.scores, dtype=torch.float32)
-        extra: dict[str, float] = dict(sampling)
-        if algo.overlong_buffer_len > 0:  # DAPO: soft penalty over the last tokens before the limit
-            penalty = overlong_penalty(
-                mask.sum(-1),
-                cfg.rollout.max_new_tokens,
-                algo.overlong_buffer_len,
-                algo.overlong_penalty_factor,
-            )
-            scores = scores + penalty
-            extra["train/overlong_penalty_mean"] = float(penalty.mean())
-            extra["train/overlong_penalised_share"] = float((penalty < 0).float().mean())
-        group_index = torch.tensor(rollout.group_index)
-        # bypass mode (verl's rollout_correction.bypass_mode): the engine's log-probs are the old ones and the
-        # loss mode corrects on pi_current / pi_rollout itself; else IS/rejection on pi_old / pi_rollout here
-        bypass = algo.policy_loss_mode == "bypass_mode"
-        correcting = (algo.rollout_is is not None or algo.rollout_rs is not None) and not bypass
-        need_old = not bypass and (
-            algo.ppo_epochs > 1
-            or (algo.ppo_mini_batch_size or cfg.data.prompts_per_step) < cfg.data.prompts_per_step
-            or correcting
-        )
-        old_lp = (
-            self.policy.compute_log_probs(rollout.prompt_ids, rollout.response_ids)[0] if need_old else None
-        )
-        ref_lp = self.ref.compute_log_probs(rollout.prompt_ids, rollout.response_ids)[0] if self.ref else None
-        has_rollout_lp = all(
-            len(lp) == len(r) for lp, r in zip(rollout.response_logprobs, rollout.response_ids)
-        )
-        rollout_lp = _padded(rollout.response_logprobs, width) if has_rollout_lp else None
-        ctx = registry.AdvantageContext(scores, mask, group_index)
-        kl_in_reward = None
-        if algo.use_kl_in_reward:  # verl's apply_kl_penalty: beta * kl at every token
-            old_for_kl = old_lp if old_lp is not None else rollout_lp
-            beta = self.kl_ctrl.value
-            ctx.token_rewards, kl_metrics = apply_kl_in_reward(
-                scores, old_for_kl, ref_lp, mask, beta, algo.kl_penalty
-            )
-            ctx.scores = ctx.token_rewards.sum(-1)
-            kl_in_reward = (kl_penalty(old_for_kl, ref_lp, algo.kl_penalty) * mask).sum(-1).mean().item()
-            current = all_reduce_sum(kl_metrics["actor/reward_kl_penalty"] * len(scores))
-            total = all_reduce_sum(len(scores))
-            self.kl_ctrl.update(current / total, int(total))  # the next step's coefficient
-            extra.update(kl_metrics)
-        self._provide(ctx, mine, rows, rollout, reward)
-        estimated = registry.as_output(self.estimator.fn(algo, ctx))
-        advantages = estimated.advantages
-        # ---- rollout/trainer mismatch: TIS weights and masked IS on pi_train(old) / pi_rollout ----
-        loss_mask, is_weights = mask, None
-        if (correcting or bypass) and rollout_lp is None:
-            raise RuntimeError(
-                f"algorithm.{'policy_loss_mode=bypass_mode' if bypass else 'rollout_is / rollout_rs'} needs "
-                f"the rollout engine's log-probs, which {type(self.engine).__name__} did not return"
-            )
-        if correcting:
-            loss_mask, is_weights, rc_metrics = rollout_correction(old_lp, rollout_lp, mask, algo)
-            extra.update(rc_metrics)
-        # ---- critic, then policy update(s), with the rollout engine's GPU memory released ----
-        self.engine.sleep()
-        if self.critic is not None:
-            extra.update(self._update_critic(rollout, ctx.values, estimated.returns, mask))
-        seen_lp = torch.zeros_like(mask) if old_lp is None and rollout_lp is not None else None
-        if self.critic is None or actor_trains_at(step - 1, cfg.critic.warmup_steps):
-            anchor = rollout_lp if bypass else old_lp
-            update_metrics = self._update(rollout, advantages, loss_mask, anchor, ref_lp, is_weights, seen_lp)
-        else:  # critic warm-up: the actor waits until the value head has learnt something
-            update_metrics = {"actor/updates": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.policy.lr}
-            seen_lp = None
-        if rollout_lp is not None and (old_lp is not None or seen_lp is not None):
-            train_lp = old_lp if old_lp is not None else seen_lp
-            extra.update(mismatch_metrics(train_lp, rollout_lp, mask))  # every step
-        update_metrics.update(extra)
-        update_metrics.update({f"advantage/{k}": v for k, v in estimated.metrics.items()})
+        batch, figures, (t_rollout, t_reward) = self._generate(step)  # + DAPO dynamic sampling
+        needs = self._needs()
+        self._provide(batch, [n for n in needs if INPUT_PROVIDERS.get(n, ("", False))[1]])
+        self.engine.sleep()  # release the engine's memory before any log-prob pass (verl's order)
+        self._provide(batch, [n for n in needs if not INPUT_PROVIDERS.get(n, ("", False))[1]])
+        figures.update(self._plugins("after_reward", batch))
+        figures.update(self._plugins("before_estimator", batch))
+        estimated = registry.as_output(self.estimator.fn(self.cfg.algorithm, self._advantage_context(batch)))
+        batch["advantages"] = estimated.advantages
+        if estimated.returns is not None:
+            batch["returns"] = estimated.returns
+        figures.update(self._plugins("before_update", batch))
+        figures.update(self._update(batch, step))
+        figures.update(self._plugins("after_update", batch))
+        figures.update({f"advantage/{k}": v for k, v in estimated.metrics.items()})
         t3 = time.perf_counter()
-        # ---- weight sync into the rollout engine ----
-        self.engine.update_weights(self.policy.full_weights())
-        t4 = time.perf_counter()
+        self.engine.update_weights(self.policy.full_weights())  # weight sync into the rollout engine
+        times = (t0, t0 + t_rollout, t0 + t_rollout + t_reward, t3, time.perf_counter())
         samples.log_rollout(
-            self.tracker, "train", step, [rows[g] for g in rollout.group_index], rollout, reward,
-            advantages, mask, cfg.log_samples_every,
+            self.tracker, "train", step, batch.rows, batch, batch, batch["advantages"],
+            batch["response_mask"], self.cfg.log_samples_every,
         )  # fmt: skip
-        return self._metrics(
-            step, rollout, reward, update_metrics, kl_in_reward, (t0, t0 + t_rollout, t2, t3, t4)
-        )
+        return self._metrics(batch, figures, times)
 
-    def _generate(self, step: int):
-        """This rank's prompts, their rollout and reward; with `algorithm.filter_groups` (DAPO dynamic
-        sampling), groups whose rewards are all equal are dropped and further generation batches drawn
-        (the next prompts of the data order) until every rank has its share, at most
-        `max_num_gen_batches`. Returns (prompt indices, rows, rollout, reward, metrics, (rollout s, reward s))."""
+    def _generate(self, step: int) -> tuple[Batch, dict[str, float], tuple[float, float]]:
+        """This rank's samples with their reward; with `algorithm.filter_groups` (DAPO dynamic sampling),
+        groups whose rewards are all equal are dropped and further generation batches drawn (the next
+        prompts of the data order) until every rank has its share, at most `max_num_gen_batches`.
+        Returns (batch, sampling figures, (rollout s, reward s))."""
         algo = self.cfg.algorithm
         per_rank = self.cfg.data.prompts_per_step // self.world
-        parts, prompts = [], []
-        t_rollout = t_reward = 0.0
-        gen_batches = 0
+        parts: list[Batch] = []
+        times = [0.0, 0.0]
         while True:
-            batch = self.sampler.batch(step + self.extra_gen_batches + gen_batches)
-            mine = batch[self.rank * per_rank : (self.rank + 1) * per_rank]
-            rows = [self.rows[i] for i in mine]
-            t = time.perf_counter()
-            rollout = self.engine.generate(
-                [self.prompt_ids[i] for i in mine], self._sampling(step, gen_batches)
-            )
-            t_rollout += time.perf_counter() - t
-            t = time.perf_counter()
-            reward = self.reward_fn(
-                [rows[g] for g in rollout.group_index], rollout.texts, rollout.group_index
-            )
-            t_reward += time.perf_counter() - t
-            gen_batches += 1
-            parts.append((rollout, reward))
-            prompts += mine
+            parts.append(self._rollout(step, len(parts), per_rank, times))
             if not algo.filter_groups:
-                return mine, rows, rollout, reward, {}, (t_rollout, t_reward)
-            rollout, reward = _concat(parts)
+                return parts[0], {}, tuple(times)
+            batch = Batch.concat(parts)
             overlong = None
-            if algo.overlong_buffer_len > 0:  # seq_reward counts DAPO's overlong penalty, as in step()
-                lengths = torch.tensor([len(r) for r in rollout.response_ids])
+            if algo.overlong_buffer_len > 0:  # seq_reward counts DAPO's overlong penalty, as the plug-in does
+                lengths = torch.tensor([len(r) for r in batch.response_ids])
                 overlong = overlong_penalty(
                     lengths,
                     self.cfg.rollout.max_new_tokens,
                     algo.overlong_buffer_len,
                     algo.overlong_penalty_factor,
                 )
-            metric = filter_values(algo.filter_groups_metric, reward.scores, reward.correct, overlong)
-            group_index = torch.tensor(rollout.group_index)
+            metric = filter_values(algo.filter_groups_metric, batch.scores, batch.correct, overlong)
+            group_index = torch.tensor(batch.group_index)
             keep = varied_groups(metric, group_index)
             idx, groups = select_groups(keep, group_index, per_rank)
             # one decision for all ranks: they share the prompt order, so they draw batches together
             fewest = -all_reduce_max(-groups)
-            if not check_gen_batches(gen_batches, algo.max_num_gen_batches, fewest, per_rank):
+            if not check_gen_batches(len(parts), algo.max_num_gen_batches, fewest, per_rank):
                 break
-        self.extra_gen_batches += gen_batches - 1
-        generated = len(set(rollout.group_index))
-        varied = len({g for g, k in zip(rollout.group_index, keep.tolist()) if k})
-        order = list(dict.fromkeys(rollout.group_index[i] for i in idx.tolist()))
-        rollout, reward = _subset(rollout, reward, idx.tolist())
-        mine = [prompts[g] for g in order]
-        sampling = {
-            "train/num_gen_batches": float(gen_batches),
+        self.extra_gen_batches += len(parts) - 1
+        generated = len(set(batch.group_index))
+        varied = len({g for g, k in zip(batch.group_index, keep.tolist()) if k})
+        figures = {
+            "train/num_gen_batches": float(len(parts)),
             "train/dropped_groups": all_reduce_sum(generated - varied),
             "train/generated_groups": all_reduce_sum(generated),
         }
-        return mine, [self.rows[i] for i in mine], rollout, reward, sampling, (t_rollout, t_reward)
+        return batch.select(idx.tolist()), figures, tuple(times)
 
-    def _greedy_baselines(self, prompt_indices: list[int], rows: list[dict]) -> torch.Tensor:
-        """ReMax: one greedy rollout per prompt, scored by the same reward; (num_prompts,)."""
+    def _rollout(self, step: int, gen_batch: int, per_rank: int, times: list[float]) -> Batch:
+        """One generation batch of this rank's prompts, with the reward's outputs ((rollout s, reward s)
+        added to `times`)."""
+        mine = self.sampler.batch(step + self.extra_gen_batches + gen_batch)
+        mine = mine[self.rank * per_rank : (self.rank + 1) * per_rank]
+        t = time.perf_counter()
+        batch = self.engine.generate([self.prompt_ids[i] for i in mine], self._sampling(step, gen_batch))
+        times[0] += time.perf_counter() - t
+        batch.rows = [self.rows[mine[g]] for g in batch.group_index]
+        t = time.perf_counter()
+        batch.add_reward(self.reward_fn(batch.rows, batch.texts, batch.group_index))
+        times[1] += time.perf_counter() - t
+        batch["response_mask"] = batch.padded([[1.0] * len(r) for r in batch.response_ids])
+        batch["rewards"] = torch.tensor(batch.scores, dtype=torch.float32)  # what plug-ins shape
+        if all(len(lp) == len(r) for lp, r in zip(batch.response_logprobs, batch.response_ids)):
+            batch["rollout_log_probs"] = batch.padded(batch.response_logprobs)
+        return batch
+
+    # ---- what the step needs, and who provides it ---------------------------------------------
+    def _needs(self) -> list[str]:
+        """The inputs of this step, in the providers' order: the estimator's, the enabled plug-ins' and the
+        update's (old log-probs for more than one optimizer step, or the engine's in bypass mode; reference
+        ones for the KL loss)."""
+        algo, pps = self.cfg.algorithm, self.cfg.data.prompts_per_step
+        wanted = {*self.estimator.needs, *(n for p in registry.step_plugins(algo) for n in p.needs)}
+        if algo.policy_loss_mode == "bypass_mode":  # the engine's log-probs stand in for the old ones
+            wanted.add("rollout_log_probs")
+        elif algo.ppo_epochs > 1 or (algo.ppo_mini_batch_size or pps) < pps:
+            wanted.add("old_log_probs")
+        if algo.use_kl_loss:
+            wanted.add("ref_log_probs")
+        return [n for n in INPUT_PROVIDERS if n in wanted] + sorted(wanted - set(INPUT_PROVIDERS))
+
+    def _provide(self, batch: Batch, needs: list[str]) -> None:
+        """Compute each input of `needs` into the batch (those it does not hold yet)."""
+        for need in needs:
+            if need.startswith("signals."):
+                self._signal(batch, need.removeprefix("signals."))
+            elif need not in batch:
+                batch[need] = getattr(self, INPUT_PROVIDERS[need][0])(batch)
+
+    def _greedy_baselines(self, batch: Batch) -> torch.Tensor:
+        """ReMax: one greedy rollout per prompt, scored by the same reward; (B,), each row its group's."""
+        first: dict[int, int] = {}
+        for i, g in enumerate(batch.group_index):
+            first.setdefault(g, i)
+        order = [first[g] for g in range(batch.num_groups)]
         sampling = SamplingConfig(
             n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens, seed=0
         )
-        greedy = self.engine.generate([self.prompt_ids[i] for i in prompt_indices], sampling)
-        reward = self.reward_fn(rows, greedy.texts, greedy.group_index)
-        return torch.tensor(reward.scores, dtype=torch.float32)
+        greedy = self.engine.generate([batch.prompt_ids[i] for i in order], sampling)
+        reward = self.reward_fn([batch.rows[i] for i in order], greedy.texts, greedy.group_index)
+        return torch.tensor(reward.scores, dtype=torch.float32)[torch.tensor(batch.group_index)]
 
-    def _provide(self, ctx, prompt_indices: list[int], rows: list[dict], rollout: Rollout, reward) -> None:
-        """Fill in what the estimator declares it needs (`needs=`), whichever estimator it is."""
-        entry = self.estimator
-        for need in entry.needs:
-            if need == "values":  # the critic's value of each response token's state
-                ctx.values = self.critic.compute_values(rollout.prompt_ids, rollout.response_ids)
-            elif need == "baseline_scores":  # the reward of a greedy answer to the same prompt
-                ctx.baseline_scores = self._greedy_baselines(prompt_indices, rows)[ctx.group_index]
-            elif need.startswith("signals."):
-                name = need.removeprefix("signals.")
-                ctx.signals[name] = self._signal(name, rollout, reward, ctx.response_mask)
-            else:
-                raise ValueError(
-                    f"algorithm.adv_estimator={entry.name} needs {need}, which this trainer has not"
-                )
+    def _rollout_log_probs(self, batch: Batch) -> torch.Tensor:
+        bypass = self.cfg.algorithm.policy_loss_mode == "bypass_mode"
+        raise RuntimeError(
+            f"algorithm.{'policy_loss_mode=bypass_mode' if bypass else 'rollout_is / rollout_rs'} needs "
+            f"the rollout engine's log-probs, which {type(self.engine).__name__} did not return"
+        )
 
-    def _signal(self, name: str, rollout: Rollout, reward: RewardResult, mask: torch.Tensor):
-        """A reward signal; `<x>_token_mask` is made from the reward's `<x>_spans` (characters) here."""
+    def _old_log_probs(self, batch: Batch) -> torch.Tensor:
+        return self.policy.compute_log_probs(batch.prompt_ids, batch.response_ids)[0]
+
+    def _ref_log_probs(self, batch: Batch) -> torch.Tensor:
+        return self.ref.compute_log_probs(batch.prompt_ids, batch.response_ids)[0]
+
+    def _values(self, batch: Batch) -> torch.Tensor:
+        return self.critic.compute_values(batch.prompt_ids, batch.response_ids)
+
+    def _signal(self, batch: Batch, name: str) -> None:
+        """A reward signal is read from the batch as it is; `<x>_token_mask` is made here from the reward's
+        `<x>_spans` (characters) into `batch[<x>_token_mask]`."""
+        if not name.endswith("_token_mask") or name in batch:
+            return
         base = name.removesuffix("_token_mask")
-        source = f"{base}_spans" if base != name else name
-        if source not in reward.signals:
-            hint = f": use {self.estimator.hint}" if self.estimator.hint else ""
-            raise ValueError(
-                f"algorithm.adv_estimator={self.estimator.name} needs the reward signal {source}, "
-                f"which {type(self.reward_fn).__name__} does not give{hint}"
-            )
-        if source == name:
-            return reward.signals[name]
         spans = [
             char_span_to_token_span(
                 lambda k, ids=ids: len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)),
                 len(ids),
                 span,
             )
-            for ids, span in zip(rollout.response_ids, reward.signals[source])
+            for ids, span in zip(batch.response_ids, batch.signal(f"{base}_spans"))
         ]
-        token_mask = cot_token_mask(spans, mask)
-        reward.metrics[f"{base}_token_fraction"] = float(token_mask.sum() / mask.sum().clamp(min=1.0))
-        return token_mask
+        mask = batch["response_mask"]
+        batch[name] = cot_token_mask(spans, mask)
+        batch.reward_metrics[f"{base}_token_fraction"] = float(batch[name].sum() / mask.sum().clamp(min=1.0))
 
-    def _mini_batches(self, rollout: Rollout, epochs: int):
-        """Row indices of each optimizer step: `epochs` passes over `ppo_mini_batch_size`-prompt mini-batches."""
+    def _advantage_context(self, batch: Batch) -> registry.AdvantageContext:
+        signals = {}
+        for need in self.estimator.needs:
+            if need.startswith("signals."):
+                name = need.removeprefix("signals.")
+                signals[name] = batch[name] if name in batch else batch.signal(name)
+        return registry.AdvantageContext(
+            batch["rewards"],
+            batch["response_mask"],
+            torch.tensor(batch.group_index),
+            token_rewards=batch.get("token_rewards"),
+            baseline_scores=batch.get("baseline_scores"),
+            values=batch.get("values"),
+            signals=signals,
+        )
+
+    def _plugins(self, point: str, batch: Batch) -> dict[str, float]:
+        """Run the step plug-ins enabled at `point`, in registration order; their figures."""
+        ctx = registry.StepContext(self.cfg.rollout.max_new_tokens, self.plugin_state, all_reduce_sum)
+        figures: dict[str, float] = {}
+        for plugin in registry.step_plugins(self.cfg.algorithm, point):
+            figures.update(plugin.fn(self.cfg.algorithm, batch, ctx))
+        return figures
+
+    # ---- the update -------------------------------------------------------------------------------
+    def _update(self, batch: Batch, step: int) -> dict[str, float]:
+        """The critic's, then the actor's optimizer steps over this batch (the first
+        `critic.warmup_steps` steps train the critic alone)."""
+        out = self._update_critic(batch) if self.critic is not None else {}
+        if self.critic is None or actor_trains_at(step - 1, self.cfg.critic.warmup_steps):
+            out.update(self._update_actor(batch))
+        else:  # critic warm-up: the actor waits until the value head has learnt something
+            out.update({"actor/updates": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.policy.lr})
+        return out
+
+    def _mini_batches(self, batch: Batch, epochs: int):
+        """(first row, mini-batch) of each optimizer step: `epochs` passes over `ppo_mini_batch_size`-prompt
+        mini-batches."""
         cfg = self.cfg
-        n = cfg.rollout.n
-        prompts_here = len(rollout) // n
-        mini_prompts = (cfg.algorithm.ppo_mini_batch_size or cfg.data.prompts_per_step) // self.world
+        rows = (cfg.algorithm.ppo_mini_batch_size or cfg.data.prompts_per_step) // self.world * cfg.rollout.n
         for _epoch in range(epochs):
-            for start in range(0, prompts_here, mini_prompts):
-                yield list(range(start * n, min(prompts_here, start + mini_prompts) * n))
+            yield from zip(range(0, len(batch), rows), batch.chunk(rows))
 
-    def _update(
-        self, rollout: Rollout, advantages, mask, old_lp, ref_lp, is_weights=None, seen_lp=None
-    ) -> dict[str, float]:
-        """ppo_epochs x mini-batches optimizer steps over this rollout (`mask`: the loss mask)."""
+    def _update_actor(self, batch: Batch) -> dict[str, float]:
+        """ppo_epochs x mini-batches optimizer steps. Without old log-probs (one on-policy update), those
+        of the update's own forward are kept as `batch["old_log_probs"]` (for the mismatch figures)."""
         cfg, algo = self.cfg, self.cfg.algorithm
+        seen = torch.zeros_like(batch["response_mask"]) if "old_log_probs" not in batch else None
         sums: dict[str, float] = {}
         updates = 0
-        for idx in self._mini_batches(rollout, algo.ppo_epochs):
+        for start, mini in self._mini_batches(batch, algo.ppo_epochs):
+            mini_seen = None if seen is None else torch.zeros_like(mini["response_mask"])
             loss_fn = make_actor_loss_fn(
                 algo,
-                advantages[idx],
-                mask[idx],
-                None if old_lp is None else old_lp[idx],
-                None if ref_lp is None else ref_lp[idx],
+                mini,
                 scale_factor=algo.loss_scale_factor or cfg.rollout.max_new_tokens,
                 world=self.world,
-                is_weights=None if is_weights is None else is_weights[idx],
-                seen_lp=None if seen_lp is None else _RowView(seen_lp, idx),
+                seen_lp=mini_seen,
             )
-            # micro-batch rows index into this mini-batch, as the tensors given to the loss do
             metrics = self.policy.train_step(
-                [rollout.prompt_ids[i] for i in idx],
-                [rollout.response_ids[i] for i in idx],
+                mini.prompt_ids,
+                mini.response_ids,
                 loss_fn,
                 with_entropy=True,  # always reported; differentiated only when entropy_coeff != 0
                 entropy_grad=algo.entropy_coeff != 0,
             )
+            if seen is not None:
+                seen[start : start + len(mini)] = mini_seen
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1
+        if seen is not None:
+            batch["old_log_probs"] = seen
         out = {k: v / updates for k, v in sums.items()}
         out["actor/updates"] = float(updates)
         out["actor/lr"] = self.policy.lr
         return out
 
-    def _update_critic(self, rollout: Rollout, values, returns, mask) -> dict[str, float]:
+    def _update_critic(self, batch: Batch) -> dict[str, float]:
         """critic.ppo_epochs (default: algorithm.ppo_epochs) x mini-batches of the clipped value loss."""
         cfg = self.cfg
         sums: dict[str, float] = {}
         updates = 0
-        for idx in self._mini_batches(rollout, cfg.critic.ppo_epochs or cfg.algorithm.ppo_epochs):
+        for _start, mini in self._mini_batches(batch, cfg.critic.ppo_epochs or cfg.algorithm.ppo_epochs):
             loss_fn = make_critic_loss_fn(
                 cfg.algorithm,
                 cfg.critic,
-                returns[idx],
-                values[idx],
-                mask[idx],
+                mini,
                 scale_factor=cfg.algorithm.loss_scale_factor or cfg.rollout.max_new_tokens,
                 world=self.world,
             )
-            metrics = self.critic.train_step(
-                [rollout.prompt_ids[i] for i in idx],
-                [rollout.response_ids[i] for i in idx],
-                loss_fn,
-                with_entropy=False,
-            )
+            metrics = self.critic.train_step(mini.prompt_ids, mini.response_ids, loss_fn, with_entropy=False)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1
         out = {k: v / updates for k, v in sums.items()}
+        mask = batch["response_mask"]
         out["critic/lr"] = self.critic.lr
-        out["critic/values_mean"] = float((values * mask).sum() / mask.sum().clamp(min=1))
-        out["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
+        out["critic/values_mean"] = float((batch["values"] * mask).sum() / mask.sum().clamp(min=1))
+        out["critic/returns_mean"] = float((batch["returns"] * mask).sum() / mask.sum().clamp(min=1))
         return out
 
-    def _metrics(
-        self, step, rollout: Rollout, reward: RewardResult, update, kl_in_reward, t
-    ) -> dict[str, float]:
+    def _metrics(self, batch: Batch, figures: dict[str, float], t) -> dict[str, float]:
         t0, t1, t2, t3, t4 = t
-        lengths = [len(r) for r in rollout.response_ids]
+        lengths = [len(r) for r in batch.response_ids]
         gathered = all_gather_objects(
             {
-                "scores": reward.scores,
-                "correct": reward.correct,
+                "scores": batch.scores,
+                "correct": batch.correct,
                 "lengths": lengths,
-                "clipped": [f == "length" for f in rollout.finish_reasons],
-                "prompt_lengths": [len(p) for p in rollout.prompt_ids],
-                "update": update,
-                "reward_metrics": reward.metrics,
+                "clipped": [f == "length" for f in batch.finish_reasons],
+                "prompt_lengths": [len(p) for p in batch.prompt_ids],
+                "update": figures,
+                "reward_metrics": batch.reward_metrics,
             }
         )
         scores = [s for g in gathered for s in g["scores"]]
@@ -605,8 +544,6 @@ class GRPOTrainer(TrainingLoop):
             m[key] = statistics.fmean(g["update"][key] for g in gathered)
         for key in gathered[0]["reward_metrics"]:
             m[f"reward/{key}"] = statistics.fmean(g["reward_metrics"][key] for g in gathered)
-        if kl_in_reward is not None:
-            m["train/kl_in_reward"] = kl_in_reward
         total_tokens = sum(all_lengths)
         m.update(
             {
@@ -625,7 +562,7 @@ class GRPOTrainer(TrainingLoop):
         return m
 
     def validate(self, step: int) -> dict[str, float]:
-        """Held-out answers scored by the training reward: `val/*` metrics (train/validation.py).
+        """Held-out answers scored by the training reward: `val/*` metrics (train/heldout_metrics.py).
 
         One greedy answer per prompt, or `data.val_n` samples at `data.val_temperature` (pass@1..n and the
         reward's diversity figures: distinct correct answers per prompt, distinct_k)."""

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from data_prep.datasets import load_sft_rows
 from data_prep.sft_math import BUILTIN, split_response
-from train.algorithms.losses import agg_loss
+from train.algorithms.aggregation import agg_loss
 from train.data import PromptSampler
 from train.loop import run_loop
 from train.policy.distributed import all_reduce_sum
