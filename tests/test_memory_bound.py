@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train.algorithms.losses import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
+from train.policy.logprobs import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 
 from train.policy.batching import collate, collate_packed, collate_shared
 from train.policy.memory import LiveTensorBytes, peak_tensor_bytes

@@ -96,7 +96,7 @@ class EngineClassmate:
 
     vLLM's sleep mode is one engine per process and belongs to the policy's rollout engine, so this one
     never sleeps: on a GPU it holds `gpu_memory_utilization` of each GPU (weights + KV cache) for the whole
-    run, beside the policy engine's `rollout.gpu_memory_utilization` (which only holds while awake). Size
+    run, beside the policy engine's `rollout.engine.gpu_memory_utilization` (which only holds while awake). Size
     it to the classmate model (weights + a KV cache for `max_model_len`); the planner counts it. A classmate
     bigger than that belongs on its own GPU as a `ServedClassmate`.
     """
