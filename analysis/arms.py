@@ -75,7 +75,7 @@ def t_interval(values: list[float], confidence: float = CONFIDENCE) -> Estimate:
     if n == 1:
         return Estimate(mean, math.nan, math.nan, 1, tuple(vals))
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
-    half = stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
     return Estimate(mean, mean - half, mean + half, n, tuple(vals))
 
 
@@ -87,7 +87,7 @@ def interval(values: list[float], bounds: tuple[float, float] | None = None) -> 
         return Estimate(e.mean, math.nan, math.nan, e.n, e.values)
     if bounds is None:
         return e
-    lo, hi = max(e.lo, bounds[0]), min(e.hi, bounds[1])
+    lo, hi = max(e.lo, float(bounds[0])), min(e.hi, float(bounds[1]))
     return Estimate(e.mean, lo, hi, e.n, e.values, clipped=(lo, hi) != (e.lo, e.hi))
 
 

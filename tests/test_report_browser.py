@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from analysis.report import build_report
-from tests.analysis_store import darling_vs_grpo_store
+from tests.analysis_store import darling_math_store, darling_vs_grpo_store
 
 pytestmark = pytest.mark.slow
 
@@ -79,8 +79,12 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, monkeypatch):
     assert loaded, "the page's load handler did not run"
     ok, total = map(int, loaded.groups())
     assert total >= 8 and ok == total, f"{ok}/{total} images rendered"
-    assert dom.count('<table class="leaderboard">') == 4  # arms, leaderboard by arm, per run, per checkpoint
-    assert "The question" in dom and "verdicts" in dom
+    # all metrics, before training, leaderboard by arm, per run, per checkpoint; and the results table
+    assert (
+        dom.count('<table class="leaderboard">') == 5
+        and dom.count('<table class="leaderboard results">') == 1
+    )
+    assert "Does DARLING differ from GRPO?" in dom
     assert "DARLING" in dom and "GRPO" in dom
     shot = tmp_path / "report" / "screenshot.png"
     subprocess.run(
@@ -89,3 +93,38 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, monkeypatch):
         capture_output=True, timeout=120, check=True,
     )  # fmt: skip
     assert shot.stat().st_size > 20_000
+
+
+@pytest.mark.parametrize("seeds", [2, 3])
+def test_first_screen_is_the_headline(chromium, tmp_path, monkeypatch, seeds):
+    """What a reader sees on opening the page (1280x900): the question, one sentence per headline metric
+    with its power line, the results table; intervals only from 3 seeds. The screenshot is kept beside the
+    page (its path printed) for a person to look at."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    darling_math_store(seeds=tuple(range(1, seeds + 1)))
+    page = build_report("darling_math", tmp_path / "report")
+    dom, console = load_in_browser(chromium, page, tmp_path / "profile")
+    assert console == [], console
+    assert re.findall(r"<h2>(.*?)</h2>", dom)[0] == "Headline"
+    items = re.findall(
+        r"<li><span class=\"sentence\">(.*?)</span><br><span class=\"power\">(.*?)</span></li>", dom
+    )
+    assert [s.split(",")[0] for s, _ in items] == [
+        "distinct correct answers per held-out prompt (of 8 samples)",
+        "held-out accuracy (= pass@1)",
+    ]
+    assert all(p.startswith("Seeds needed to tell ") for _, p in items)
+    intervals = [re.findall(r"\[([-+0-9.e]+), ([-+0-9.e]+)\]", s) for s, _ in items]
+    if seeds == 2:
+        assert intervals == [[], []] and all("an interval needs 3 or more seeds" in s for s, _ in items)
+    else:
+        accuracy = intervals[1][:2]  # DARLING's and GRPO's: cut at 1, never 1.04
+        assert accuracy == [("0.788", "1"), ("0.935", "1")] and "1]*" in items[1][0]
+    shot = tmp_path / "report" / f"first_screen_{seeds}_seeds.png"
+    subprocess.run(
+        [chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=1280,900",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert shot.stat().st_size > 20_000
+    print(f"first screen, {seeds} seeds: {shot}")
