@@ -98,12 +98,15 @@ ol.headline li { margin-bottom: 0.6em; }
 ol.headline .power { color: #555; font-size: 13px; }
 table.results { font-size: 14px; }
 """
-# Marks the page once every image has loaded, so a headless browser test can check rendering.
+# Marks the page once every image has loaded, and where the results table ends, so a headless browser test can
+# check rendering and what the first screen holds.
 LOAD_CHECK = """
 window.addEventListener('load', function () {
   var imgs = Array.prototype.slice.call(document.images);
   var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
   document.body.setAttribute('data-images-loaded', ok + '/' + imgs.length);
+  var results = document.querySelector('table.results');  // where the first screen's answer ends
+  if (results) document.body.setAttribute('data-results-bottom', Math.round(results.getBoundingClientRect().bottom));
 });
 """
 
@@ -243,9 +246,9 @@ def _arm_sections(
                 _metrics_table(r, r.before),
             )
         )
-    board = by_arm(table, arms)
-    write(board, out_dir, "leaderboard_arms")
-    sections.append(("Leaderboard by arm", to_html(board)))
+    write(
+        by_arm(table, arms), out_dir, "leaderboard_arms"
+    )  # the tables above say it; `make leaderboard BY=arm`
     keys = [k for k in ARM_CURVES if k in runs.columns]
     if keys:
         hist = load_history(list(runs["run_id"]), keys, uri)

@@ -252,7 +252,7 @@ def test_three_seed_report_clips_intervals_and_the_table_and_readme_row_share_it
         "Seeds needed to tell -0.06 (per-seed sd 0.0436 over 3 seeds) from 0 at 95% (two-sided paired t): 5; for 80% power: 7."
         in head
     )
-    all_metrics = text[text.index("All metrics after training") : text.index("Leaderboard by arm")]
+    all_metrics = text[text.index("All metrics after training") : text.index("Curves per arm")]
     for lo, hi in re.findall(r"(?<![-+])\[([0-9.e-]+), ([0-9.e-]+)\]", all_metrics):  # per-arm intervals
         assert 0.0 <= float(lo) and float(hi) <= 8.0
     for name in ("val/pass_at_2", "train/accuracy@last5"):  # unit metrics: no bound past 1

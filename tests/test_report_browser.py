@@ -44,10 +44,12 @@ def chromium() -> str:
     return shutil.which("chromium") or pytest.skip("chromium still not on PATH after apt-get install")
 
 
-def load_in_browser(chromium: str, page: Path, profile: Path) -> tuple[str, list[str]]:
-    """The page's DOM after load, and every console message Chromium logged while loading it."""
+def load_in_browser(
+    chromium: str, page: Path, profile: Path, size: str = "1280,900"
+) -> tuple[str, list[str]]:
+    """The page's DOM after load in a `size` window, and every console message Chromium logged meanwhile."""
     done = subprocess.run(
-        [chromium, *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+        [chromium, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", "--enable-logging=stderr", "--v=0",
          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -79,9 +81,9 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, monkeypatch):
     assert loaded, "the page's load handler did not run"
     ok, total = map(int, loaded.groups())
     assert total >= 8 and ok == total, f"{ok}/{total} images rendered"
-    # all metrics, before training, leaderboard by arm, per run, per checkpoint; and the results table
+    # all metrics, before training, per run, per checkpoint; and the results table
     assert (
-        dom.count('<table class="leaderboard">') == 5
+        dom.count('<table class="leaderboard">') == 4
         and dom.count('<table class="leaderboard results">') == 1
     )
     assert "Does DARLING differ from GRPO?" in dom
@@ -106,6 +108,8 @@ def test_first_screen_is_the_headline(chromium, tmp_path, monkeypatch, seeds):
     dom, console = load_in_browser(chromium, page, tmp_path / "profile")
     assert console == [], console
     assert re.findall(r"<h2>(.*?)</h2>", dom)[0] == "Headline"
+    bottom = re.search(r'data-results-bottom="(\d+)"', dom)
+    assert bottom and int(bottom.group(1)) <= 900, "the results table is not on the first screen"
     items = re.findall(
         r"<li><span class=\"sentence\">(.*?)</span><br><span class=\"power\">(.*?)</span></li>", dom
     )
