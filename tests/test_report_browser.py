@@ -100,8 +100,8 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, monkeypatch):
 @pytest.mark.parametrize("seeds", [2, 3])
 def test_first_screen_is_the_headline(chromium, tmp_path, monkeypatch, seeds):
     """What a reader sees on opening the page (1280x900): the question, one sentence per headline metric
-    with its power line, the results table; intervals only from 3 seeds. The screenshot is kept beside the
-    page (its path printed) for a person to look at."""
+    with its power line, the results table; intervals only from 3 seeds. The screenshot is kept for a person
+    to look at (its path printed; RLPOST_SCREENSHOTS=DIR keeps it there instead of beside the page)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     darling_math_store(seeds=tuple(range(1, seeds + 1)))
     page = build_report("darling_math", tmp_path / "report")
@@ -124,7 +124,9 @@ def test_first_screen_is_the_headline(chromium, tmp_path, monkeypatch, seeds):
     else:
         accuracy = intervals[1][:2]  # DARLING's and GRPO's: cut at 1, never 1.04
         assert accuracy == [("0.788", "1"), ("0.935", "1")] and "1]*" in items[1][0]
-    shot = tmp_path / "report" / f"first_screen_{seeds}_seeds.png"
+    keep = Path(os.environ.get("RLPOST_SCREENSHOTS", tmp_path / "report"))  # pytest's tmp folders rotate
+    keep.mkdir(parents=True, exist_ok=True)
+    shot = keep / f"first_screen_{seeds}_seeds.png"
     subprocess.run(
         [chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=1280,900",
          f"--screenshot={shot}", page.as_uri()],
