@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.arms import MIN_SEEDS_FOR_CI, Estimate, arm_summary, comparisons, verdict_clause
 from analysis.headline import Headline, Range, base_metric, metric_range, run_samples
-from analysis.power import SeedsNeeded, seeds_needed
+from analysis.power import MAX_SEEDS, SeedsNeeded, seeds_needed
 
 
 @dataclass
@@ -132,23 +132,18 @@ def headline_sentence(r: Results, h: Headline, baseline: str) -> str:
 def power_sentence(r: Results, metric: str, baseline: str) -> str:
     """The seeds a decisive comparison needs, from the observed per-seed differences."""
     p = r.power[(metric, baseline)]
-    if p.to_detect is None and p.reason in (
-        "the spread needs 2 or more seeds",
-        "the observed difference is 0",
-    ):
+    if p.n < 2 or abs(p.mean) < 1e-12:
         return f"Seeds needed: not estimable ({p.reason})."
     observed = f"{p.mean:+.3g} (per-seed sd {p.sd:.3g} over {p.n} seeds)"
     if p.to_detect is None:
         return f"Seeds needed to tell {observed} from 0 at 95%: {p.reason}."
-    if p.reason:  # no spread observed
-        return (
-            f"Seeds needed to tell {observed} from 0 at 95%: {p.to_detect} ({p.reason}; "
-            f"{p.n} seeds are a rough estimate of it)."
-        )
+    if p.sd == 0 or p.reason:  # no spread observed: any count from the minimum
+        return f"Seeds needed to tell {observed} from 0 at 95%: {p.to_detect} ({p.reason}; {p.n} seeds say little about it)."
     enough = f" (the {p.n} seeds here suffice)" if p.n >= p.to_detect else ""
+    power = f"{p.for_power}" if p.for_power is not None else f"more than {MAX_SEEDS}"
     return (
         f"Seeds needed to tell {observed} from 0 at 95% (two-sided paired t): {p.to_detect}{enough}; "
-        f"for 80% power: {p.for_power}."
+        f"for 80% power: {power}."
     )
 
 

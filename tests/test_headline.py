@@ -141,6 +141,26 @@ def test_seeds_needed_by_hand():
     assert tiny.to_detect is not None and tiny.to_detect > 3  # small effect, large spread: many seeds
 
 
+def test_power_sentences_say_when_the_seeds_cannot_tell():
+    from types import SimpleNamespace
+
+    from analysis.results import power_sentence
+
+    def line(diffs):
+        return power_sentence(SimpleNamespace(power={("m", "b"): seeds_needed(diffs, min_seeds=3)}), "m", "b")
+
+    assert line([0.3]) == "Seeds needed: not estimable (the spread needs 2 or more seeds)."
+    assert line([0.1, -0.1]) == "Seeds needed: not estimable (the observed difference is 0)."
+    assert line([1.0, 1.0, 1.0]).endswith(
+        ": 3 (no spread between seeds observed; 3 seeds say little about it)."
+    )
+    # mean 0.0004, sd 0.0011269: effect 0.35494; t_{.975,31} / sqrt 32 = 0.36054 > it, t_{.975,32} / sqrt 33 = 0.35458 <
+    assert line([0.001, -0.0009, 0.0011]) == (
+        "Seeds needed to tell +0.0004 (per-seed sd 0.00113 over 3 seeds) from 0 at 95% (two-sided paired t): 33; "
+        "for 80% power: 65."
+    )
+
+
 def test_equal_series_are_detected_and_saturated_ones_kept():
     rows = []
     for run, (acc, pass8) in {"a": (0.7, 1.0), "b": (0.9, 1.0)}.items():
