@@ -2,7 +2,8 @@
 
 `python -m analysis.leaderboard [--experiment EXP] [--per checkpoint] [--by arm] [--out reports]`
 (`make leaderboard`) writes `leaderboard[_EXP][_arms].{md,html,csv,tex}`. `--by arm` (needs --experiment)
-has one row per arm of the experiment (analysis.arms): the mean over its seeds with a 95% t CI (the rating
+has one row per arm of the experiment (analysis.arms): the mean over its seeds with a 95% t CI from 3 seeds
+up, clipped to the metric's range and marked `*` where cut (analysis.headline.metric_range; the rating
 column stays first). A metric with logged CI bounds (`<m>_ci_lo`, `<m>_ci_hi`) is shown as
 `value [lo, hi]`; the best value of each column is bold (lower is better for the names in LOWER_IS_BETTER). A run without a metric gets an empty cell.
 """
