@@ -242,13 +242,12 @@ def _arm_sections(
     if r.before:
         sections.append(
             (
-                f"Before training (first {LAST_STEPS} steps: the arms should agree here)",
+                f"Before training (means over the first {LAST_STEPS} steps)",
                 _metrics_table(r, r.before),
             )
         )
-    write(
-        by_arm(table, arms), out_dir, "leaderboard_arms"
-    )  # the tables above say it; `make leaderboard BY=arm`
+    # the arm leaderboard as files only (`make leaderboard BY=arm` writes it too): the tables above say it
+    write(by_arm(table, arms), out_dir, "leaderboard_arms")
     keys = [k for k in ARM_CURVES if k in runs.columns]
     if keys:
         hist = load_history(list(runs["run_id"]), keys, uri)

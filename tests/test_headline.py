@@ -222,7 +222,7 @@ def test_two_seed_report_opens_with_the_headline_and_draws_no_interval(store, tm
     assert titles[:3] == [
         "Headline",
         "All metrics after training",
-        "Before training (first 5 steps: the arms should agree here)",
+        "Before training (means over the first 5 steps)",
     ]
     text = _text(page)
     head = text[text.index("Does DARLING differ from GRPO?") : text.index("All metrics after training")]
