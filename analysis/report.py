@@ -135,14 +135,27 @@ def build_report(experiment: str, out_dir: Path, sweep: str | None = None, uri: 
     for old in fig_dir.glob("*.png"):
         old.unlink()
     sections: list[tuple[str, str]] = []
-    order = arm_order(runs, arms)
+    # a result is a finished run: a killed or running one holds its last logged values (step 0's val/*)
+    finished = runs[runs["status"] == "FINISHED"].reset_index(drop=True) if "status" in runs else runs
+    order = arm_order(finished, arms)
     if len(order) >= 2:
-        sweeps = sorted({str(s) for s in runs.get("sweep", []) if s})
+        sweeps = sorted({str(s) for s in finished.get("sweep", []) if s})
         selection = f"sweep {', '.join(sweeps)}" if sweeps else "runs outside sweeps"
-        sections += _arm_sections(experiment, runs, arms, order, headline, out_dir, fig_dir, uri, selection)
+        arm_sections = _arm_sections(
+            experiment, finished, arms, order, headline, out_dir, fig_dir, uri, selection
+        )
+        title, content = arm_sections[0]
+        arm_sections[0] = (title, _unfinished_note(runs) + content)
+        sections += arm_sections
     elif arms:
         declared = "; ".join(f"{a}: {v}" for a, v in arms.items())
-        sections.append(("Arms", f"<p>No two arms have runs yet (declared: {html.escape(declared)}).</p>"))
+        sections.append(
+            (
+                "Arms",
+                f"<p>No two arms have finished runs yet (declared: {html.escape(declared)}).</p>"
+                + _unfinished_note(runs),
+            )
+        )
 
     board = build(runs, label="run")
     write(board, out_dir, "leaderboard_runs")
@@ -278,6 +291,17 @@ def missing_headline(experiment: str, r, runs: pd.DataFrame) -> list[str]:
             f"{hint}fix the name under headline:, or wait for the runs to log it"
         )
     return lines
+
+
+def _unfinished_note(runs: pd.DataFrame) -> str:
+    """The runs left out of the comparison because they have not finished, by name and state."""
+    if "status" not in runs:
+        return ""
+    left = runs[runs["status"] != "FINISHED"]
+    if left.empty:
+        return ""
+    names = ", ".join(f"{n} ({s})" for n, s in zip(left["run_name"], left["status"]))
+    return f"<p class='meta unfinished'>Left out, not finished: {html.escape(names)}.</p>"
 
 
 def _headline_html(experiment: str, r, results, missing: list[str]) -> str:

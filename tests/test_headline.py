@@ -313,3 +313,20 @@ def test_a_headline_metric_no_run_logs_is_named_on_the_page(store, tmp_path, mon
             "did you mean val/accuracy")  # fmt: skip
     assert line in text and line in capsys.readouterr().err
     assert "distinct correct answers per held-out prompt" in text  # the rest is still reported
+
+
+def test_a_run_that_did_not_finish_is_left_out_of_the_comparison(store, tmp_path):
+    """A killed run's latest val/* are its step-0 values: counted, they would pose as an untrained seed."""
+    from analysis.store import client
+    from tests.analysis_store import log_run
+
+    darling_math_store(seeds=(1, 2))
+    killed = log_run(
+        "darling_math", "darling_math-darling-s3", {"reward.combine": "multiplicative", "seed": 3},
+        {"train/accuracy": [0.6]}, {0: {"val/accuracy": 0.45, "val/distinct_correct_mean": 3.2}},
+    )  # fmt: skip
+    client().set_terminated(killed, "KILLED")
+    text = _text(build_report("darling_math", tmp_path / "rep").read_text())
+    assert "Left out, not finished: darling_math-darling-s3 (KILLED)." in text
+    assert "DARLING 5.3 (seeds 5.5, 5.1) vs GRPO 1.95" in text  # not 4.6 (seeds 5.5, 5.1, 3.2)
+    assert "DARLING (n=2)" in text
