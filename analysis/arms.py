@@ -136,6 +136,12 @@ def verdict_clause(first: str, other: str, diff: Estimate, digits: int = 3, bett
             return f"{first} {down} than {other} in {every} ({seeds}); {need}"
         if all(v == 0 for v in values):
             return f"no difference in any of the {diff.n} seeds; {need}"
+        ups, downs = sum(v > 0 for v in values), sum(v < 0 for v in values)
+        if not downs or not ups:  # one direction, some seeds equal
+            word, k = (up, ups) if ups else (down, downs)
+            return (
+                f"{first} {word} than {other} in {k} of {diff.n} seeds, equal in the rest ({seeds}); {need}"
+            )
         return f"{first} - {other} changes sign across the {diff.n} seeds ({seeds}); {need}"
     lo, hi = _tidy(diff.lo), _tidy(diff.hi)
     span = f"[{lo:{f}}, {hi:{f}}]{CLIPPED_MARK if diff.clipped else ''}, {diff.n} seeds"
@@ -159,7 +165,11 @@ def reading(diff: Estimate) -> str:
             return f"higher in {every}"
         if all(v < 0 for v in values):
             return f"lower in {every}"
-        return "equal" if all(v == 0 for v in values) else "sign varies"
+        if all(v == 0 for v in values):
+            return "equal"
+        if all(v >= 0 for v in values):
+            return "higher or equal"
+        return "lower or equal" if all(v <= 0 for v in values) else "sign varies"
     if _tidy(diff.lo) > 0:
         return "higher"
     if _tidy(diff.hi) < 0:

@@ -120,6 +120,12 @@ def test_verdicts_below_three_seeds_give_the_seeds_not_an_interval():
         "m: X - Y changes sign across the 2 seeds (+0.1, -0.1); an interval needs 3 or more seeds"
     )
     assert A.reading(both) == "higher in both seeds" and A.reading(mixed) == "sign varies"
+    tie = A.paired_difference({"1": 0.781, "2": 0.828}, {"1": 0.781, "2": 0.805})  # the real 4-step sweep
+    assert A.verdict("m", "DARLING", "GRPO", tie, better="higher") == (
+        "m: DARLING better than GRPO in 1 of 2 seeds, equal in the rest (+0, +0.023); an interval needs 3 or "
+        "more seeds"
+    )
+    assert A.reading(tie) == "higher or equal"
 
 
 def test_seeds_needed_by_hand():
