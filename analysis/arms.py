@@ -8,8 +8,10 @@ An experiment file names its arms (`arms:` in experiments/<name>.yaml, each a se
 
 A run belongs to the arm whose values its grid point (or its config params) matches; runs of different
 arms with the same remaining grid values (the seed) are a pair. Per arm and metric: the mean over runs
-with a Student-t 95% CI; per pair of arms: the paired difference (first arm minus the other, one value
-per seed) with its t CI, and a one-line verdict. An experiment without `arms:` gets one arm per grid
+with a Student-t 95% CI, clipped to the metric's range (analysis.headline.metric_range) and marked when
+clipped, drawn only from MIN_SEEDS_FOR_CI seeds up (below that the seeds' values are shown instead); per
+pair of arms: the paired difference (first arm minus the other, one value per seed) with its CI, and a
+one-line verdict. An experiment without `arms:` gets one arm per grid
 point without its seed. Pure functions on `analysis.store` tables, except `experiment_arms` (reads YAML).
 """
 
@@ -17,32 +19,50 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import pandas as pd
 from omegaconf import OmegaConf
 from scipy import stats
 
+from analysis.headline import difference_range
 from analysis.store import AnalysisError, load_runs
 
 CONFIDENCE = 0.95
+# With 2 seeds a t interval multiplies the spread by t_{0.975,1} = 12.7: wider than most metrics' range.
+MIN_SEEDS_FOR_CI = 3
+CLIPPED_MARK = "*"  # after an interval cut at its metric's range
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """mean with its CI over `n` values; lo/hi are NaN when n < 2 (no spread to estimate)."""
+    """mean with its CI over `n` values (`values`, in seed order); lo/hi are NaN when there is no interval
+    (n < 2 for `t_interval`, n < MIN_SEEDS_FOR_CI for `interval`); `clipped`: cut at the metric's range."""
 
     mean: float
     lo: float
     hi: float
     n: int
+    values: tuple[float, ...] = ()
+    clipped: bool = False
 
-    def text(self, digits: int = 3) -> str:
+    @property
+    def has_ci(self) -> bool:
+        return not math.isnan(self.lo)
+
+    def text(self, digits: int = 3, signed: bool = False) -> str:
+        """`m [lo, hi]` (`*`: clipped), else the seeds' values: `m (seeds a, b)`, `m (one seed)`."""
+        f = f"{'+' if signed else ''}.{digits}g"
         if math.isnan(self.mean):
             return "-"
-        if math.isnan(self.lo):
-            return f"{self.mean:.{digits}g} (n={self.n})"
-        return f"{self.mean:.{digits}g} [{self.lo:.{digits}g}, {self.hi:.{digits}g}]"
+        if self.has_ci:
+            return f"{self.mean:{f}} [{self.lo:{f}}, {self.hi:{f}}]{CLIPPED_MARK if self.clipped else ''}"
+        if self.n == 1:
+            return f"{self.mean:{f}} (one seed)"
+        if self.values:
+            return f"{self.mean:{f}} (seeds {', '.join(f'{v:{f}}' for v in self.values)})"
+        return f"{self.mean:{f}} (n={self.n})"
 
 
 def t_interval(values: list[float], confidence: float = CONFIDENCE) -> Estimate:
@@ -53,31 +73,108 @@ def t_interval(values: list[float], confidence: float = CONFIDENCE) -> Estimate:
         return Estimate(math.nan, math.nan, math.nan, 0)
     mean = sum(vals) / n
     if n == 1:
-        return Estimate(mean, math.nan, math.nan, 1)
+        return Estimate(mean, math.nan, math.nan, 1, tuple(vals))
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
-    half = stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return Estimate(mean, mean - half, mean + half, n)
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
+    return Estimate(mean, mean - half, mean + half, n, tuple(vals))
 
 
-def paired_difference(a: dict[str, float], b: dict[str, float]) -> Estimate:
-    """a - b over the pair keys (seeds) both have, with its t CI."""
+def interval(values: list[float], bounds: tuple[float, float] | None = None) -> Estimate:
+    """What the report shows: the t interval clipped to `bounds` (marked `clipped`) from MIN_SEEDS_FOR_CI
+    values up; with fewer, the mean and the values without an interval."""
+    e = t_interval(values)
+    if e.n < MIN_SEEDS_FOR_CI:
+        return Estimate(e.mean, math.nan, math.nan, e.n, e.values)
+    if bounds is None:
+        return e
+    lo, hi = max(e.lo, float(bounds[0])), min(e.hi, float(bounds[1]))
+    return Estimate(e.mean, lo, hi, e.n, e.values, clipped=(lo, hi) != (e.lo, e.hi))
+
+
+def paired_difference(
+    a: dict[str, float], b: dict[str, float], bounds: tuple[float, float] | None = None
+) -> Estimate:
+    """a - b over the pair keys (seeds) both have (in a's order), with its `interval` (bounds: the
+    difference's range)."""
     keys = [k for k in a if k in b and not math.isnan(a[k]) and not math.isnan(b[k])]
-    return t_interval([a[k] - b[k] for k in keys])
+    return interval([a[k] - b[k] for k in keys], bounds)
 
 
-def verdict(metric: str, first: str, other: str, diff: Estimate, digits: int = 3) -> str:
-    """One line: "<first> higher than <other> by x [lo, hi]", "... lower ...", or no difference beyond noise."""
+def _tidy(x: float) -> float:
+    return round(x, 12) + 0.0  # no -2.8e-17 from a difference of equal floats
+
+
+def verdict(
+    metric: str, first: str, other: str, diff: Estimate, digits: int = 3, better: str | None = None
+) -> str:
+    """One line: "<metric>: " + `verdict_clause`."""
     if diff.n == 0:
         return f"{metric}: no paired runs of {first} and {other}"
-    diff = Estimate(*(round(x, 12) + 0.0 for x in (diff.mean, diff.lo, diff.hi)), diff.n)  # no -2.8e-17
-    if diff.n == 1:
-        return f"{metric}: {first} - {other} = {diff.mean:+.{digits}g} on one seed (no CI: run more seeds)"
-    span = f"[{diff.lo:+.{digits}g}, {diff.hi:+.{digits}g}], {diff.n} seeds"
-    if diff.lo > 0:
-        return f"{metric}: {first} higher than {other} by {diff.mean:.{digits}g} {span}"
-    if diff.hi < 0:
-        return f"{metric}: {first} lower than {other} by {-diff.mean:.{digits}g} {span}"
-    return f"{metric}: no difference beyond noise ({first} - {other} = {diff.mean:+.{digits}g} {span})"
+    return f"{metric}: {verdict_clause(first, other, diff, digits, better)}"
+
+
+def verdict_clause(first: str, other: str, diff: Estimate, digits: int = 3, better: str | None = None) -> str:
+    """ "<first> higher than <other> by x [lo, hi], n seeds", "... lower ...", no difference beyond noise;
+    below MIN_SEEDS_FOR_CI seeds the per-seed differences and how many seeds an interval needs. With
+    `better` ("higher"/"lower", a headline's direction) it says better/worse instead of higher/lower."""
+    if diff.n == 0:
+        return f"no paired runs of {first} and {other}"
+    up, down = {"higher": ("better", "worse"), "lower": ("worse", "better")}.get(
+        better or "", ("higher", "lower")
+    )
+    mean, values = _tidy(diff.mean), [_tidy(v) for v in diff.values]
+    f = f"+.{digits}g"
+    if not diff.has_ci:
+        need = f"an interval needs {MIN_SEEDS_FOR_CI} or more seeds"
+        if diff.n == 1:
+            return f"{first} - {other} = {mean:{f}} on one seed ({need})"
+        seeds = ", ".join(f"{v:{f}}" for v in values)
+        every = "both seeds" if diff.n == 2 else f"all {diff.n} seeds"
+        if all(v > 0 for v in values):
+            return f"{first} {up} than {other} in {every} ({seeds}); {need}"
+        if all(v < 0 for v in values):
+            return f"{first} {down} than {other} in {every} ({seeds}); {need}"
+        if all(v == 0 for v in values):
+            return f"no difference in any of the {diff.n} seeds; {need}"
+        ups, downs = sum(v > 0 for v in values), sum(v < 0 for v in values)
+        if not downs or not ups:  # one direction, some seeds equal
+            word, k = (up, ups) if ups else (down, downs)
+            return (
+                f"{first} {word} than {other} in {k} of {diff.n} seeds, equal in the rest ({seeds}); {need}"
+            )
+        return f"{first} - {other} changes sign across the {diff.n} seeds ({seeds}); {need}"
+    lo, hi = _tidy(diff.lo), _tidy(diff.hi)
+    span = f"[{lo:{f}}, {hi:{f}}]{CLIPPED_MARK if diff.clipped else ''}, {diff.n} seeds"
+    if lo > 0:
+        return f"{first} {up} than {other} by {mean:.{digits}g} {span}"
+    if hi < 0:
+        return f"{first} {down} than {other} by {-mean:.{digits}g} {span}"
+    return f"no difference beyond noise ({first} - {other} = {mean:{f}} {span})"
+
+
+def reading(diff: Estimate) -> str:
+    """A difference in a word or three, for a table column."""
+    if diff.n == 0:
+        return "-"
+    values = [_tidy(v) for v in diff.values]
+    if not diff.has_ci:
+        if diff.n == 1:
+            return "one seed"
+        every = "both seeds" if diff.n == 2 else f"all {diff.n} seeds"
+        if all(v > 0 for v in values):
+            return f"higher in {every}"
+        if all(v < 0 for v in values):
+            return f"lower in {every}"
+        if all(v == 0 for v in values):
+            return "equal"
+        if all(v >= 0 for v in values):
+            return "higher or equal"
+        return "lower or equal" if all(v <= 0 for v in values) else "sign varies"
+    if _tidy(diff.lo) > 0:
+        return "higher"
+    if _tidy(diff.hi) < 0:
+        return "lower"
+    return "no difference beyond noise"
 
 
 # ---- arms of an experiment -----------------------------------------------------------------------
@@ -159,40 +256,65 @@ def arm_order(table: pd.DataFrame, arms: dict[str, dict]) -> list[str]:
     return [a for a in arms if a in present] if arms else sorted(present)
 
 
-def arm_summary(table: pd.DataFrame, metrics: list[str], order: list[str]) -> dict[str, dict[str, Estimate]]:
-    """arm -> metric -> mean with t CI over its runs (seeds)."""
-    return {
-        arm: {
-            m: t_interval(list(pd.to_numeric(table.loc[table["arm"] == arm, m], errors="coerce")))
+Ranges = dict[str, tuple[float, float] | None]
+
+
+def _natural_keys(pairs: pd.Series) -> pd.Series:
+    """Seed order 1, 2, 10 (not "1", "10", "2") for the per-seed values."""
+    return pairs.map(
+        lambda p: tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", str(p)))
+    )
+
+
+def arm_summary(
+    table: pd.DataFrame, metrics: list[str], order: list[str], ranges: Ranges | None = None
+) -> dict[str, dict[str, Estimate]]:
+    """arm -> metric -> mean with its `interval` over the arm's runs (seeds, in pair order), clipped to
+    `ranges[metric]`."""
+    ranges = ranges or {}
+    out: dict[str, dict[str, Estimate]] = {}
+    for arm in order:
+        sub = table[table["arm"] == arm]
+        if "pair" in sub:
+            sub = sub.sort_values("pair", kind="stable", key=_natural_keys)
+        out[arm] = {
+            m: interval(list(pd.to_numeric(sub[m], errors="coerce")), ranges.get(m))
             if m in table
             else Estimate(math.nan, math.nan, math.nan, 0)
             for m in metrics
         }
-        for arm in order
-    }
+    return out
 
 
-def comparisons(table: pd.DataFrame, metrics: list[str], order: list[str]) -> list[dict]:
-    """Per metric and baseline arm: the paired difference (first arm - baseline) and its verdict line."""
+def comparisons(
+    table: pd.DataFrame,
+    metrics: list[str],
+    order: list[str],
+    ranges: Ranges | None = None,
+    better: dict[str, str] | None = None,
+) -> list[dict]:
+    """Per metric and baseline arm: the paired difference (first arm - baseline, its interval clipped to
+    the difference's range) and its verdict line (better/worse for metrics in `better`)."""
     out = []
     if len(order) < 2:
         return out
     first = order[0]
+    ranges, better = ranges or {}, better or {}
 
     def by_pair(arm: str, m: str) -> dict[str, float]:
-        sub = table[table["arm"] == arm]
+        sub = table[table["arm"] == arm].sort_values("pair", kind="stable")
         return dict(zip(sub["pair"], pd.to_numeric(sub[m], errors="coerce"))) if m in sub else {}
 
     for m in metrics:
         for other in order[1:]:
-            diff = paired_difference(by_pair(first, m), by_pair(other, m))
+            diff = paired_difference(by_pair(first, m), by_pair(other, m), difference_range(ranges.get(m)))
             out.append(
                 {
                     "metric": m,
                     "arm": first,
                     "baseline": other,
                     "diff": diff,
-                    "verdict": verdict(m, first, other, diff),
+                    "verdict": verdict(m, first, other, diff, better=better.get(m)),
                 }
             )
     return out

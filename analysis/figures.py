@@ -48,15 +48,25 @@ def curves(history: pd.DataFrame, runs: pd.DataFrame, key: str, smooth: int = 1)
     return fig
 
 
-def arm_curves(history: pd.DataFrame, runs: pd.DataFrame, key: str, order: list[str], smooth: int = 1):
-    """One line per arm of `key` against step: the mean over the arm's runs (seeds) with a band, the 95%
-    t interval over those runs at each step (none where an arm has one run). `runs` needs an `arm` column."""
-    from analysis.arms import t_interval
+def arm_curves(
+    history: pd.DataFrame,
+    runs: pd.DataFrame,
+    key: str,
+    order: list[str],
+    smooth: int = 1,
+    bounds: tuple[float, float] | None = None,
+):
+    """One line per arm of `key` against step: the mean over the arm's runs (seeds), bold. An arm with
+    MIN_SEEDS_FOR_CI runs or more gets a light band, the 95% t interval over its runs at each step clipped
+    to `bounds` (the metric's range); an arm with fewer shows each seed as a thin line instead (a t band
+    from 2 seeds is 12.7 spreads wide and buries the means). `runs` needs an `arm` column."""
+    from analysis.arms import MIN_SEEDS_FOR_CI, interval
 
     smooth = _window(history, key, smooth)
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    banded = seeded = False
     for i, arm in enumerate(order):
         ids = set(runs.loc[runs["arm"] == arm, "run_id"])
         h = history[(history["run_id"].isin(ids)) & (history["key"] == key)].sort_values("step")
@@ -68,23 +78,48 @@ def arm_curves(history: pd.DataFrame, runs: pd.DataFrame, key: str, order: list[
                     lambda v: v.rolling(smooth, min_periods=1).mean()
                 )
             )
-        per_step = [(step, t_interval(list(g["value"]))) for step, g in h.groupby("step")]
-        steps = [s for s, _ in per_step]
         colour = cycle[i % len(cycle)]
-        ax.plot(steps, [e.mean for _, e in per_step], color=colour, label=f"{arm} (n={len(ids)})", marker=".")
-        ax.fill_between(
-            steps, [e.lo for _, e in per_step], [e.hi for _, e in per_step], color=colour, alpha=0.2
+        n = h["run_id"].nunique()
+        per_step = [(step, interval(list(g["value"]), bounds)) for step, g in h.groupby("step")]
+        steps = [s for s, _ in per_step]
+        if n >= MIN_SEEDS_FOR_CI:
+            lo = [e.lo if e.has_ci else e.mean for _, e in per_step]
+            hi = [e.hi if e.has_ci else e.mean for _, e in per_step]
+            ax.fill_between(steps, lo, hi, color=colour, alpha=0.12, linewidth=0)
+            banded = True
+        else:
+            for _, run in h.groupby("run_id"):
+                ax.plot(run["step"], run["value"], color=colour, alpha=0.35, linewidth=0.8)
+            seeded = True
+        ax.plot(
+            steps,
+            [e.mean for _, e in per_step],
+            color=colour,
+            label=f"{arm} (n={n})",
+            marker=".",
+            linewidth=2,
         )
     ax.set_xlabel("step")
     ax.set_ylabel(key)
+    spread = []
+    if banded:
+        clip = f", clipped to {_span(bounds)}" if bounds else ""
+        spread.append(f"band: 95% t CI over seeds{clip}")
+    if seeded:
+        spread.append(f"thin: each seed (a band needs {MIN_SEEDS_FOR_CI}+)")
     ax.set_title(
-        key + (f" (rolling mean {smooth})" if smooth > 1 else "") + ", band: 95% CI over seeds", fontsize=9
+        key + (f" (rolling mean {smooth})" if smooth > 1 else "") + "\nbold: mean; " + "; ".join(spread),
+        fontsize=9,
     )
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def _span(bounds: tuple[float, float]) -> str:
+    return f"[{bounds[0]:g}, {bounds[1]:g}]" if bounds[1] != float("inf") else f">= {bounds[0]:g}"
 
 
 def diversity_vs_quality(runs: pd.DataFrame, diversity: str, quality: str):

@@ -2,7 +2,8 @@
 
 `python -m analysis.leaderboard [--experiment EXP] [--per checkpoint] [--by arm] [--out reports]`
 (`make leaderboard`) writes `leaderboard[_EXP][_arms].{md,html,csv,tex}`. `--by arm` (needs --experiment)
-has one row per arm of the experiment (analysis.arms): the mean over its seeds with a 95% t CI (the rating
+has one row per arm of the experiment (analysis.arms): the mean over its seeds with a 95% t CI from 3 seeds
+up, clipped to the metric's range and marked `*` where cut (analysis.headline.metric_range; the rating
 column stays first). A metric with logged CI bounds (`<m>_ci_lo`, `<m>_ci_hi`) is shown as
 `value [lo, hi]`; the best value of each column is bold (lower is better for the names in LOWER_IS_BETTER). A run without a metric gets an empty cell.
 """
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.arms import ALL_SWEEPS, arm_order, arm_summary, load_arm_runs
+from analysis.arms import ALL_SWEEPS, CLIPPED_MARK, arm_order, arm_summary, load_arm_runs
+from analysis.headline import metric_range, run_samples
 from analysis.store import AnalysisError, checkpoint_table, load_runs, metric_columns
 
 DEFAULT_PREFIXES = ("eval/", "val/", "train/accuracy", "train/reward_mean")
@@ -39,6 +41,7 @@ class Leaderboard:
     lo: pd.DataFrame
     hi: pd.DataFrame
     best: dict[str, int | None]
+    clipped: pd.DataFrame | None = None  # True where a CI was cut at its metric's range (shown with `*`)
 
 
 def higher_is_better(metric: str) -> bool:
@@ -56,6 +59,7 @@ def build(table: pd.DataFrame, metrics: list[str] | None = None, label: str = "r
     lo = pd.DataFrame(index=range(len(rows)))
     hi = pd.DataFrame(index=range(len(rows)))
     best: dict[str, int | None] = {}
+    clipped = pd.DataFrame(index=range(len(rows)))
     for m in metrics:
         col = (
             pd.to_numeric(table[m], errors="coerce").reset_index(drop=True)
@@ -65,12 +69,13 @@ def build(table: pd.DataFrame, metrics: list[str] | None = None, label: str = "r
         values[m] = col
         lo[m] = _column(table, m + "_ci_lo", len(rows))
         hi[m] = _column(table, m + "_ci_hi", len(rows))
+        clipped[m] = _column(table, m + "_ci_clipped", len(rows)).fillna(0).astype(bool)
         valid = col.dropna()
         if valid.empty:
             best[m] = None
         else:
             best[m] = int(valid.idxmax() if higher_is_better(m) else valid.idxmin())
-    return Leaderboard(label=label, rows=rows, values=values, lo=lo, hi=hi, best=best)
+    return Leaderboard(label=label, rows=rows, values=values, lo=lo, hi=hi, best=best, clipped=clipped)
 
 
 def _column(table: pd.DataFrame, name: str, n: int) -> pd.Series:
@@ -82,6 +87,7 @@ def _column(table: pd.DataFrame, name: str, n: int) -> pd.Series:
 def cells(board: Leaderboard) -> list[list[str]]:
     """Display text of every cell (rows x metrics): `value` or `value [lo, hi]`, "" when missing."""
     v, lo, hi = board.values.to_numpy(), board.lo.to_numpy(), board.hi.to_numpy()
+    clipped = board.clipped.to_numpy() if board.clipped is not None else None
     out = []
     for i in range(v.shape[0]):
         row = []
@@ -92,7 +98,8 @@ def cells(board: Leaderboard) -> list[list[str]]:
                 row.append(f"{v[i, j]:.4g}")
             else:
                 bound = ".0f" if abs(v[i, j]) >= 1000 else ".3g"  # a rating's CI: 1000, not 1e+03
-                row.append(f"{v[i, j]:.4g} [{lo[i, j]:{bound}}, {hi[i, j]:{bound}}]")
+                mark = CLIPPED_MARK if clipped is not None and clipped[i, j] else ""
+                row.append(f"{v[i, j]:.4g} [{lo[i, j]:{bound}}, {hi[i, j]:{bound}}]{mark}")
         out.append(row)
     return out
 
@@ -178,17 +185,20 @@ def write(board: Leaderboard, out_dir: Path, stem: str) -> list[Path]:
 
 
 def by_arm(table: pd.DataFrame, arms: dict, metrics: list[str] | None = None) -> Leaderboard:
-    """Pure: a table with an `arm` column (`arms.load_arm_runs`) -> one row per arm, mean [95% t CI]."""
+    """Pure: a table with an `arm` column (`arms.load_arm_runs`) -> one row per arm, mean [95% t CI]
+    clipped to the metric's range (`*`), from MIN_SEEDS_FOR_CI seeds up (below: the mean alone)."""
     if metrics is None:
         metrics = [m for m in metric_columns(table) if m.startswith(DEFAULT_PREFIXES) and "/" in m]
     metrics = [m for m in metrics if m not in ("arm", "pair")]
     order = arm_order(table, arms)
-    summary = arm_summary(table, metrics, order)
+    ranges = {m: metric_range(m, run_samples(table, m)) for m in metrics}
+    summary = arm_summary(table, metrics, order, ranges)
     rows = {"run_name": [f"{a} (n={max((e.n for e in summary[a].values()), default=0)})" for a in order]}
     for m in metrics:
         rows[m] = [summary[a][m].mean for a in order]
         rows[m + "_ci_lo"] = [summary[a][m].lo for a in order]
         rows[m + "_ci_hi"] = [summary[a][m].hi for a in order]
+        rows[m + "_ci_clipped"] = [summary[a][m].clipped for a in order]
     return build(pd.DataFrame(rows), metrics, label="arm")
 
 

@@ -1,16 +1,19 @@
 """A static HTML comparison report of an experiment's runs and checkpoints (opens offline).
 
 `python -m analysis.report --experiment EXP [--out reports/EXP]` (`make report EXP=...`) writes
-`index.html`: first the experiment's question answered when it has arms (analysis.arms: per arm mean and
-95% CI over seeds for each headline metric, the paired difference per seed with its CI, a verdict line per
-metric, curves with one band per arm; also `arms.csv` and `comparison.csv`), then the leaderboard (per run and per checkpoint), training curves, eval metrics against
-step, a diversity-vs-quality plot (DARLING vs GRPO reads as two colours) and NoveltyBench per category,
-the figures as PNG files beside it.
+`index.html`: first, when the experiment has arms, its question answered (analysis.results): one sentence
+per headline metric declared in the experiment file (`headline:`, analysis.headline) with the seeds a
+decisive answer needs (analysis.power), the results table (also `leaderboard.{tex,md,csv}`, and
+`results.md`, the README's row); then every other metric after training (duplicates shown once), the
+`@first` means under "before training", curves per arm (`arms.csv`, `comparison.csv`); then the
+leaderboards (per run: `leaderboard_runs.*`; per checkpoint), training curves, eval metrics against step,
+a diversity-vs-quality plot and NoveltyBench per category, the figures as PNG files beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import html
 import re
 import sys
@@ -24,8 +27,26 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import figures  # noqa: E402
-from analysis.arms import Estimate, arm_order, arm_summary, comparisons, load_arm_runs  # noqa: E402
+from analysis.arms import arm_order, load_arm_runs, reading  # noqa: E402
+from analysis.headline import (  # noqa: E402
+    base_metric,
+    describe_range,
+    experiment_headline,
+    metric_range,
+    run_samples,
+)
 from analysis.leaderboard import build, by_arm, to_html, write  # noqa: E402
+from analysis.results import (  # noqa: E402
+    compare,
+    headline_sentence,
+    method_note,
+    power_sentence,
+    readme_table,
+    results_table,
+    to_csv,
+    to_latex,
+    to_markdown,
+)
 from analysis.store import (  # noqa: E402
     LAST_STEPS,
     AnalysisError,
@@ -72,13 +93,21 @@ td.best { background: #e6f4ea; }
 .figs { display: flex; flex-wrap: wrap; gap: 12px; }
 .figs img { max-width: 560px; border: 1px solid #eee; }
 .meta { color: #666; font-size: 12px; }
+p.question { font-size: 18px; margin-bottom: 0.3em; }
+ol.headline { font-size: 16px; line-height: 1.4; }
+ol.headline li { margin-bottom: 0.6em; }
+ol.headline .power { color: #555; font-size: 13px; }
+table.results { font-size: 14px; }
 """
-# Marks the page once every image has loaded, so a headless browser test can check rendering.
+# Marks the page once every image has loaded, and where the results table ends, so a headless browser test can
+# check rendering and what the first screen holds.
 LOAD_CHECK = """
 window.addEventListener('load', function () {
   var imgs = Array.prototype.slice.call(document.images);
   var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
   document.body.setAttribute('data-images-loaded', ok + '/' + imgs.length);
+  var results = document.querySelector('table.results');  // where the first screen's answer ends
+  if (results) document.body.setAttribute('data-results-bottom', Math.round(results.getBoundingClientRect().bottom));
 });
 """
 
@@ -99,6 +128,7 @@ def _save(fig, path: Path) -> str:
 
 def build_report(experiment: str, out_dir: Path, sweep: str | None = None, uri: str | None = None) -> Path:
     """Write `out_dir/index.html` and its figures; returns the page's path."""
+    headline = experiment_headline(experiment)  # a bad declaration fails before the store is read
     runs, arms = load_arm_runs(experiment, sweep=sweep, uri=uri)
     out_dir.mkdir(parents=True, exist_ok=True)
     fig_dir = out_dir / "fig"
@@ -106,15 +136,32 @@ def build_report(experiment: str, out_dir: Path, sweep: str | None = None, uri: 
     for old in fig_dir.glob("*.png"):
         old.unlink()
     sections: list[tuple[str, str]] = []
-    order = arm_order(runs, arms)
+    # a result is a finished run: a killed or running one holds its last logged values (step 0's val/*)
+    finished = runs[runs["status"] == "FINISHED"].reset_index(drop=True) if "status" in runs else runs
+    order = arm_order(finished, arms)
     if len(order) >= 2:
-        sections += _arm_sections(experiment, runs, arms, order, out_dir, fig_dir, uri)
+        sweeps = sorted({str(s) for s in finished.get("sweep", []) if s})
+        selection = f"sweep {', '.join(sweeps)}" if sweeps else "runs outside sweeps"
+        arm_sections = _arm_sections(
+            experiment, finished, arms, order, headline, out_dir, fig_dir, uri, selection
+        )
+        title, content = arm_sections[0]
+        arm_sections[0] = (title, _unfinished_note(runs) + content)
+        sections += arm_sections
     elif arms:
         declared = "; ".join(f"{a}: {v}" for a, v in arms.items())
-        sections.append(("Arms", f"<p>No two arms have runs yet (declared: {html.escape(declared)}).</p>"))
+        sections.append(
+            (
+                "Arms",
+                f"<p>No two arms have finished runs yet (declared: {html.escape(declared)}).</p>"
+                + _unfinished_note(runs),
+            )
+        )
 
     board = build(runs, label="run")
-    write(board, out_dir, "leaderboard")
+    write(board, out_dir, "leaderboard_runs")
+    if len(order) < 2:  # no arm comparison: the per-run table is the leaderboard
+        write(board, out_dir, "leaderboard")
     sections.append(("Leaderboard (latest value per run)", to_html(board)))
     ckpts = checkpoint_table(runs, uri)
     if not ckpts.empty:
@@ -177,53 +224,164 @@ def _natural(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
-def _arm_sections(experiment, runs, arms, order, out_dir, fig_dir, uri) -> list[tuple[str, str]]:
-    """The question answered: verdicts, the per-arm table with paired differences, curves with bands."""
-    table = add_last_steps_means(runs, list(SUMMARISED_CURVES), uri=uri)
-    metrics = headline_metrics(table)
-    summary = arm_summary(table, metrics, order)
-    diffs = comparisons(table, metrics, order)
-    first = order[0]
-    question = f"Does {first} differ from {', '.join(order[1:])}? (experiments/{experiment}.yaml `arms:`)"
-    verdicts = "".join(f"<li>{html.escape(d['verdict'])}</li>" for d in diffs)
-    head = "".join(f"<th>{html.escape(a)} mean [95% CI]</th>" for a in order)
-    rows = []
-    for m in metrics:
-        cells = "".join(f"<td>{html.escape(summary[a][m].text())}</td>" for a in order)
-        for d in (d for d in diffs if d["metric"] == m):
-            per_seed = _per_seed(table, m, first, d["baseline"])
-            rows.append(
-                f"<tr><td>{html.escape(m)}</td>{cells}<td>{html.escape(d['baseline'])}</td>"
-                f"<td>{html.escape(per_seed)}</td><td>{html.escape(_signed(d['diff']))}</td></tr>"
-            )
-    table_html = (
-        f'<table class="leaderboard"><thead><tr><th>metric</th>{head}<th>baseline</th>'
-        f"<th>{html.escape(first)} - baseline per seed</th><th>paired mean [95% CI]</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
-    _write_arm_tables(out_dir, summary, diffs, order)
-    counts = ", ".join(f"{a} {int((runs['arm'] == a).sum())}" for a in order)
-    note = (
-        f"<p class='meta'>Runs per arm: {counts}. "
-        f"CIs: Student t over seeds (95%); <code>@last{LAST_STEPS}</code> / <code>@first{LAST_STEPS}</code>: mean "
-        f"of a training curve over its last / first {LAST_STEPS} steps; val/* on held-out prompts at the end.</p>"
-    )
-    sections = [
-        ("The question", f"<p><b>{html.escape(question)}</b></p><ul class='verdicts'>{verdicts}</ul>{note}"),
-        ("Arms: mean over seeds and paired differences", table_html),
+def _arm_sections(
+    experiment, runs, arms, order, headline, out_dir, fig_dir, uri, selection
+) -> list[tuple[str, str]]:
+    """The question answered: the headline sentences with their power lines and the results table, then
+    every metric after training, the `@first` means before training, curves per arm."""
+    table = runs
+    steps = {LAST_STEPS: list(SUMMARISED_CURVES)}  # k -> curves to summarise over their first/last k steps
+    for h in headline:
+        key, k = base_metric(h.metric)
+        if k is not None:
+            steps.setdefault(k, []).append(key)
+    for k, keys in sorted(steps.items()):
+        table = add_last_steps_means(table, list(dict.fromkeys(keys)), k=k, uri=uri)
+    candidates = headline_metrics(table)
+    plain = [
+        m for m in dict.fromkeys([h.metric for h in headline] + candidates) if m in table and "@" not in m
     ]
-    board = by_arm(table, arms)
-    write(board, out_dir, "leaderboard_arms")
-    sections.append(("Leaderboard by arm", to_html(board)))
+    history = load_history(list(table["run_id"]), plain, uri)
+    r = compare(table, order, candidates, headline, history)
+    missing = missing_headline(experiment, r, runs)
+    for line in missing:
+        print(f"warning: {line}", file=sys.stderr)
+
+    _write_arm_tables(out_dir, r)
+    results = results_table(r)
+    (out_dir / "leaderboard.md").write_text(to_markdown(results))
+    (out_dir / "leaderboard.tex").write_text(to_latex(results, method_note(r)))
+    (out_dir / "leaderboard.csv").write_text(to_csv(r))
+    (out_dir / "results.md").write_text(readme_table(r, experiment, selection))
+
+    sections = [("Headline", _headline_html(experiment, r, results, missing))]
+    sections.append(("All metrics after training", _metrics_table(r, r.metrics)))
+    if r.before:
+        sections.append(
+            (
+                f"Before training (means over the first {LAST_STEPS} steps)",
+                _metrics_table(r, r.before),
+            )
+        )
+    # the arm leaderboard as files only (`make leaderboard BY=arm` writes it too): the tables above say it
+    write(by_arm(table, arms), out_dir, "leaderboard_arms")
     keys = [k for k in ARM_CURVES if k in runs.columns]
     if keys:
         hist = load_history(list(runs["run_id"]), keys, uri)
         imgs = [
-            _save(figures.arm_curves(hist, runs, k, order, smooth=3), fig_dir / f"arm_{i:02d}.png")
+            _save(
+                figures.arm_curves(
+                    hist, runs, k, order, smooth=3, bounds=metric_range(k, run_samples(runs, k))
+                ),
+                fig_dir / f"arm_{i:02d}.png",
+            )
             for i, k in enumerate(keys)
         ]
-        sections.append(("Curves per arm (band: 95% CI over seeds)", _figs(imgs)))
+        sections.append(("Curves per arm (bold: mean over seeds)", _figs(imgs)))
     return sections
+
+
+def missing_headline(experiment: str, r, runs: pd.DataFrame) -> list[str]:
+    """A line per declared headline metric no run has logged: a typo (the closest logged names) or a run
+    that does not log it (yet, or with an override such as val_every=0). Shown on the page and on stderr;
+    the rest of the report is still written."""
+    known = metric_columns(runs)
+    lines = []
+    for m in r.missing:
+        close = difflib.get_close_matches(m, known, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        lines.append(
+            f"headline metric {m!r} (experiments/{experiment}.yaml) is not logged by any of the {len(runs)} runs: "
+            f"{hint}fix the name under headline:, or wait for the runs to log it"
+        )
+    return lines
+
+
+def _unfinished_note(runs: pd.DataFrame) -> str:
+    """The runs left out of the comparison because they have not finished, by name and state."""
+    if "status" not in runs:
+        return ""
+    left = runs[runs["status"] != "FINISHED"]
+    if left.empty:
+        return ""
+    names = ", ".join(f"{n} ({s})" for n, s in zip(left["run_name"], left["status"]))
+    return f"<p class='meta unfinished'>Left out, not finished: {html.escape(names)}.</p>"
+
+
+def _headline_html(experiment: str, r, results, missing: list[str]) -> str:
+    """The first screen: the question, one sentence per headline metric with its power line, the table."""
+    question = f"Does {r.first} differ from {', '.join(r.baselines)}?"
+    items = []
+    for h in r.headline:
+        for base in r.baselines:
+            items.append(
+                f"<li><span class='sentence'>{html.escape(headline_sentence(r, h, base))}</span>"
+                f"<br><span class='power'>{html.escape(power_sentence(r, h.metric, base))}</span></li>"
+            )
+    items += [f"<li><span class='sentence missing'>{html.escape(line)}</span></li>" for line in missing]
+    if not items:
+        items.append(
+            f"<li>No headline metrics declared: add <code>headline:</code> next to <code>arms:</code> in "
+            f"experiments/{html.escape(experiment)}.yaml (e.g. <code>val/accuracy: higher</code>); every "
+            'metric is under "All metrics".</li>'
+        )
+    counts = ", ".join(f"{a} {n}" for a, n in r.runs_per_arm.items())
+    note = (
+        f"<p class='meta'>Runs per arm: {html.escape(counts)}. {html.escape(method_note(r))}. "
+        f"<code>@last{LAST_STEPS}</code>: a training curve's mean over its last {LAST_STEPS} steps; val/* on "
+        "held-out prompts at the end. The table is <code>leaderboard.tex</code> / <code>leaderboard.md</code>; "
+        "<code>results.md</code> is the README row (experiments/"
+        f"{html.escape(experiment)}.yaml: <code>arms:</code>, <code>headline:</code>).</p>"
+    )
+    return (
+        f"<p class='question'><b>{html.escape(question)}</b></p><ol class='headline'>{''.join(items)}</ol>"
+        f"{_results_html(results)}{note}"
+    )
+
+
+def _results_html(results) -> str:
+    header, rows, bold = results
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td class='best'><b>{html.escape(c)}</b></td>" if b else f"<td>{html.escape(c)}</td>"
+                          for c, b in zip(row, marks)) + "</tr>"
+        for row, marks in zip(rows, bold)
+    )  # fmt: skip
+    return f'<table class="leaderboard results"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def metric_cell(r, metric: str) -> str:
+    """A metric's name cell: the name, the names it equals, its range (one place to add a link)."""
+    same = r.same_as.get(metric, [])
+    text = html.escape(metric) + "".join(f" = {html.escape(s)}" for s in same)
+    star = " <b>(headline)</b>" if r.better(metric) else ""
+    return f"<td>{text}{star}</td><td>{html.escape(describe_range(r.ranges.get(metric)))}</td>"
+
+
+def arm_cell(r, arm: str, metric: str) -> str:
+    """An arm's value of a metric (one place to add a link to its samples)."""
+    return f"<td>{html.escape(r.summary[arm][metric].text())}</td>"
+
+
+def _metrics_table(r, metrics: list[str]) -> str:
+    """A row per metric and baseline: each arm's value, the paired difference, its reading, seeds needed."""
+    head = "".join(f"<th>{html.escape(a)}</th>" for a in r.order)
+    rows = []
+    for m in metrics:
+        arms = "".join(arm_cell(r, a, m) for a in r.order)
+        for base in r.baselines:
+            d, p = r.diffs[(m, base)]["diff"], r.power[(m, base)]
+            need = str(p.to_detect) if p.to_detect else "-"
+            rows.append(
+                f"<tr>{metric_cell(r, m)}{arms}<td>{html.escape(base)}</td>"
+                f"<td>{html.escape(d.text(signed=True))}</td><td>{html.escape(reading(d))}</td>"
+                f"<td>{need}</td></tr>"
+            )
+    return (
+        f'<table class="leaderboard"><thead><tr><th>metric</th><th>range</th>{head}<th>baseline</th>'
+        f"<th>{html.escape(r.first)} - baseline (paired)</th><th>reading</th><th>seeds to tell from 0</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _selection(runs: pd.DataFrame, sweep: str | None) -> str:
@@ -235,33 +393,26 @@ def _selection(runs: pd.DataFrame, sweep: str | None) -> str:
     return f"sweeps {', '.join(sweeps)}; the newest run per arm and seed"
 
 
-def _per_seed(table: pd.DataFrame, metric: str, first: str, other: str) -> str:
-    a = table[table["arm"] == first].set_index("pair")[metric] if metric in table else pd.Series(dtype=float)
-    b = table[table["arm"] == other].set_index("pair")[metric] if metric in table else pd.Series(dtype=float)
-    common = [k for k in a.index if k in b.index]
-    return ", ".join(f"{a[k] - b[k]:+.3g}" for k in common) or "-"
-
-
-def _signed(e: Estimate) -> str:
-    if e.n == 0:
-        return "-"
-    if e.n == 1:
-        return f"{e.mean:+.3g} (one seed)"
-    return f"{e.mean:+.3g} [{e.lo:+.3g}, {e.hi:+.3g}]"
-
-
-def _write_arm_tables(out_dir: Path, summary: dict, diffs: list[dict], order: list[str]) -> None:
-    """arms.csv (arm, metric, mean, ci_lo, ci_hi, n) and comparison.csv (the paired differences, verdicts)."""
+def _write_arm_tables(out_dir: Path, r) -> None:
+    """arms.csv (arm, metric, mean, ci_lo, ci_hi, clipped, n, seeds) and comparison.csv (the paired
+    differences, verdicts and the seeds a decisive comparison needs), every metric compared."""
+    metrics = r.metrics + r.before
     arm_rows = [
-        {"arm": a, "metric": m, "mean": e.mean, "ci_lo": e.lo, "ci_hi": e.hi, "n": e.n}
-        for a in order
-        for m, e in summary[a].items()
-    ]
+        {"arm": a, "metric": m, "mean": e.mean, "ci_lo": e.lo, "ci_hi": e.hi, "clipped": e.clipped, "n": e.n,
+         "seeds": " ".join(f"{v:.6g}" for v in e.values)}
+        for a in r.order
+        for m in metrics
+        for e in [r.summary[a][m]]
+    ]  # fmt: skip
     pd.DataFrame(arm_rows).to_csv(out_dir / "arms.csv", index=False)
     comp = [
-        {"metric": d["metric"], "arm": d["arm"], "baseline": d["baseline"], "diff": d["diff"].mean,
-         "ci_lo": d["diff"].lo, "ci_hi": d["diff"].hi, "n": d["diff"].n, "verdict": d["verdict"]}
-        for d in diffs
+        {"metric": m, "arm": r.first, "baseline": b, "diff": d.mean, "ci_lo": d.lo, "ci_hi": d.hi,
+         "clipped": d.clipped, "n": d.n, "seeds": " ".join(f"{v:.6g}" for v in d.values),
+         "verdict": r.diffs[(m, b)]["verdict"], "seeds_to_detect": p.to_detect,
+         "seeds_for_80pct_power": p.for_power}
+        for m in metrics
+        for b in r.baselines
+        for d, p in [(r.diffs[(m, b)]["diff"], r.power[(m, b)])]
     ]  # fmt: skip
     pd.DataFrame(comp).to_csv(out_dir / "comparison.csv", index=False)
 

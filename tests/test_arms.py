@@ -33,7 +33,7 @@ def test_t_interval_by_hand():
     e = A.t_interval([0.2, 0.4, math.nan])  # NaN dropped; sd 0.1414
     assert e.n == 2 and e.hi - e.mean == pytest.approx(T1 * math.sqrt(0.02) / math.sqrt(2))
     one = A.t_interval([0.7])
-    assert one.mean == 0.7 and math.isnan(one.lo) and one.text() == "0.7 (n=1)"
+    assert one.mean == 0.7 and math.isnan(one.lo) and one.text() == "0.7 (one seed)"
     assert A.t_interval([]).n == 0 and A.t_interval([]).text() == "-"
 
 
@@ -50,12 +50,16 @@ def test_paired_difference_and_verdicts_by_hand():
     assert A.verdict("m", "GRPO", "DARLING", lower).startswith(
         "m: GRPO lower than DARLING by 0.25 [-0.374, -0.126]"
     )
-    noisy = A.paired_difference({"a": 0.5, "b": 0.3}, {"a": 0.4, "b": 0.4})  # +0.1, -0.1
+    noisy = A.paired_difference(
+        {"a": 0.5, "b": 0.3, "c": 0.4}, {"a": 0.4, "b": 0.4, "c": 0.4}
+    )  # +0.1, -0.1, 0
     assert (
         A.verdict("m", "X", "Y", noisy)
-        == "m: no difference beyond noise (X - Y = +0 [-1.27, +1.27], 2 seeds)"
+        == "m: no difference beyond noise (X - Y = +0 [-0.248, +0.248], 3 seeds)"
     )
-    assert "on one seed (no CI" in A.verdict("m", "X", "Y", A.paired_difference({"a": 1.0}, {"a": 0.5}))
+    assert "on one seed (an interval needs 3 or more seeds)" in A.verdict(
+        "m", "X", "Y", A.paired_difference({"a": 1.0}, {"a": 0.5})
+    )
     assert A.verdict("m", "X", "Y", A.paired_difference({}, {"a": 0.5})) == "m: no paired runs of X and Y"
 
 
@@ -115,8 +119,8 @@ def test_arm_view_from_a_real_store(store, tmp_path, capsys):
     # final train accuracy: darling 0.34 / 0.39, grpo 0.36 / 0.41 (0.2 + 0.05 seed [+0.02] + 0.09)
     assert board.rows == ["DARLING (n=2)", "GRPO (n=2)"]
     assert board.values["train/accuracy"].tolist() == pytest.approx([0.365, 0.385])
-    half = T1 * math.sqrt(2 * 0.025**2) / math.sqrt(2)
-    assert board.hi["train/accuracy"].tolist() == pytest.approx([0.365 + half, 0.385 + half])
+    assert board.hi["train/accuracy"].isna().all()  # 2 seeds: no interval (t_1 = 12.7 would reach past 1)
+    assert lb.to_markdown(board).splitlines()[2] == "| DARLING (n=2) | 0.365 |"
     assert lb.main(["--experiment", "darling_math", "--by", "arm", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "leaderboard_darling_math_arms.md").read_text().startswith("| arm | ")
     assert lb.main(["--by", "arm", "--out", str(tmp_path)]) == 2
@@ -134,16 +138,24 @@ def test_report_answers_the_question(store, tmp_path):
     darling_vs_grpo_store()
     page = build_report("darling_math", tmp_path / "rep")
     text = page.read_text()
-    assert text.index("The question") < text.index("Leaderboard (latest value per run)")
+    assert text.index("<h2>Headline</h2>") < text.index("Leaderboard (latest value per run)")
     assert "Does DARLING differ from GRPO?" in text
     # distinct classes: darling 3.5 + 0.1 s, grpo 2.0 + 0.1 s in both seeds -> paired differences 1.5, 1.5
-    line = "reward/distinct_classes_mean@last5: DARLING higher than GRPO by 1.5 [+1.5, +1.5], 2 seeds"
-    assert line in text
-    # accuracy: grpo is 0.02 above darling in both seeds
-    assert "train/accuracy@last5: DARLING lower than GRPO by 0.02 [-0.02, -0.02], 2 seeds" in text
+    line = (
+        "reward/distinct_classes_mean@last5: DARLING higher than GRPO in both seeds (+1.5, +1.5); "
+        "an interval needs 3 or more seeds"
+    )
     comparison = pd.read_csv(tmp_path / "rep" / "comparison.csv")
     row = comparison[comparison["metric"] == "reward/distinct_classes_mean@last5"].iloc[0]
-    assert (row["diff"], row["ci_lo"], row["n"], row["verdict"]) == pytest.approx((1.5, 1.5, 2, line))
+    assert (row["diff"], row["n"], row["verdict"], row["seeds"]) == pytest.approx((1.5, 2, line, "1.5 1.5"))
+    assert math.isnan(row["ci_lo"])
+    # accuracy: grpo is 0.02 above darling in both seeds
+    acc = comparison[comparison["metric"] == "train/accuracy@last5"].iloc[0]
+    assert acc["verdict"].startswith(
+        "train/accuracy@last5: DARLING lower than GRPO in both seeds (-0.02, -0.02)"
+    )
+    # no val/* in this store: the declared headline metrics are named as missing, the rest reported
+    assert "headline metric &#x27;val/distinct_correct_mean&#x27;" in text and "higher in both seeds" in text
     arms_csv = pd.read_csv(tmp_path / "rep" / "arms.csv")
     acc = arms_csv[(arms_csv["arm"] == "GRPO") & (arms_csv["metric"] == "train/accuracy@last5")].iloc[0]
     assert acc["mean"] == pytest.approx((0.2 + 0.05 + 0.02 + 0.045 + 0.2 + 0.1 + 0.02 + 0.045) / 2)
@@ -199,4 +211,4 @@ def test_a_second_sweep_of_the_experiment_does_not_mix_into_the_report(store, tm
     assert len(every) == 4 and sorted(every["sweep"]) == ["s1", "s1", "s2", "s2"]  # seed 1 re-run: once
     for sweep in (None, "all"):  # before: duplicate (arm, seed) rows broke the per-seed column
         page = build_report("darling_math", tmp_path / f"rep-{sweep}", sweep=sweep).read_text()
-        assert "The question" in page
+        assert "<h2>Headline</h2>" in page and "Does DARLING differ from GRPO?" in page

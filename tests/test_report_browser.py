@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from analysis.report import build_report
-from tests.analysis_store import darling_vs_grpo_store
+from tests.analysis_store import darling_math_store, darling_vs_grpo_store
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +44,12 @@ def chromium() -> str:
     return shutil.which("chromium") or pytest.skip("chromium still not on PATH after apt-get install")
 
 
-def load_in_browser(chromium: str, page: Path, profile: Path) -> tuple[str, list[str]]:
-    """The page's DOM after load, and every console message Chromium logged while loading it."""
+def load_in_browser(
+    chromium: str, page: Path, profile: Path, size: str = "1280,900"
+) -> tuple[str, list[str]]:
+    """The page's DOM after load in a `size` window, and every console message Chromium logged meanwhile."""
     done = subprocess.run(
-        [chromium, *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+        [chromium, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", "--enable-logging=stderr", "--v=0",
          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -79,8 +81,12 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, monkeypatch):
     assert loaded, "the page's load handler did not run"
     ok, total = map(int, loaded.groups())
     assert total >= 8 and ok == total, f"{ok}/{total} images rendered"
-    assert dom.count('<table class="leaderboard">') == 4  # arms, leaderboard by arm, per run, per checkpoint
-    assert "The question" in dom and "verdicts" in dom
+    # all metrics, before training, per run, per checkpoint; and the results table
+    assert (
+        dom.count('<table class="leaderboard">') == 4
+        and dom.count('<table class="leaderboard results">') == 1
+    )
+    assert "Does DARLING differ from GRPO?" in dom
     assert "DARLING" in dom and "GRPO" in dom
     shot = tmp_path / "report" / "screenshot.png"
     subprocess.run(
@@ -89,3 +95,42 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, monkeypatch):
         capture_output=True, timeout=120, check=True,
     )  # fmt: skip
     assert shot.stat().st_size > 20_000
+
+
+@pytest.mark.parametrize("seeds", [2, 3])
+def test_first_screen_is_the_headline(chromium, tmp_path, monkeypatch, seeds):
+    """What a reader sees on opening the page (1280x900): the question, one sentence per headline metric
+    with its power line, the results table; intervals only from 3 seeds. The screenshot is kept for a person
+    to look at (its path printed; RLPOST_SCREENSHOTS=DIR keeps it there instead of beside the page)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    darling_math_store(seeds=tuple(range(1, seeds + 1)))
+    page = build_report("darling_math", tmp_path / "report")
+    dom, console = load_in_browser(chromium, page, tmp_path / "profile")
+    assert console == [], console
+    assert re.findall(r"<h2>(.*?)</h2>", dom)[0] == "Headline"
+    bottom = re.search(r'data-results-bottom="(\d+)"', dom)
+    assert bottom and int(bottom.group(1)) <= 900, "the results table is not on the first screen"
+    items = re.findall(
+        r"<li><span class=\"sentence\">(.*?)</span><br><span class=\"power\">(.*?)</span></li>", dom
+    )
+    assert [s.split(",")[0] for s, _ in items] == [
+        "distinct correct answers per held-out prompt (of 8 samples)",
+        "held-out accuracy (= pass@1)",
+    ]
+    assert all(p.startswith("Seeds needed to tell ") for _, p in items)
+    intervals = [re.findall(r"\[([-+0-9.e]+), ([-+0-9.e]+)\]", s) for s, _ in items]
+    if seeds == 2:
+        assert intervals == [[], []] and all("an interval needs 3 or more seeds" in s for s, _ in items)
+    else:
+        accuracy = intervals[1][:2]  # DARLING's and GRPO's: cut at 1, never 1.04
+        assert accuracy == [("0.788", "1"), ("0.935", "1")] and "1]*" in items[1][0]
+    keep = Path(os.environ.get("RLPOST_SCREENSHOTS", tmp_path / "report"))  # pytest's tmp folders rotate
+    keep.mkdir(parents=True, exist_ok=True)
+    shot = keep / f"first_screen_{seeds}_seeds.png"
+    subprocess.run(
+        [chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=1280,900",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert shot.stat().st_size > 20_000
+    print(f"first screen, {seeds} seeds: {shot}")
