@@ -470,6 +470,10 @@ def _cs336_checks(cfg: DictConfig) -> list[tuple[bool, str]]:
         ),
         (ei.normalize_constant > 0, "ei.normalize_constant must be > 0"),
         (
+            cfg.trainer != "expert_iteration" or cfg.optim.schedule == "constant",
+            "trainer=expert_iteration takes optim.schedule=constant (its optimizer steps per round vary)",
+        ),
+        (
             not (cfg.trainer == "expert_iteration" and ei.require_format) or "format" in provides,
             f"ei.require_format=true needs a reward that reports the format ({cfg.reward._target_} does not): "
             "use reward._target_=train.rewards.r1_zero_reward.R1ZeroReward",

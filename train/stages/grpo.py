@@ -669,6 +669,10 @@ def _one_line(step: int, total: int, m: dict[str, float]) -> str:
 
 def run(cfg: DictConfig, engine=None) -> dict[str, float]:
     """Train with this (already validated) config; marks the MLflow run FAILED with the error on a crash."""
+    if cfg.get("trainer", "grpo") == "expert_iteration":  # the same loop, data, rollout and reward keys
+        from train.stages.expert_iteration import ExpertIterationTrainer
+
+        return run_loop(ExpertIterationTrainer, cfg, engine=engine)
     return run_loop(GRPOTrainer, cfg, engine=engine)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
 from omegaconf import DictConfig
 
 from data_prep.datasets import load_sft_rows
@@ -43,6 +44,8 @@ class SFTDataConfig:
     batch_size: int = 16  # examples per optimizer step (over all ranks)
     max_tokens: int = 512  # longer examples (prompt + response) are dropped at load time (counted)
     shuffle: bool = True
+    loss_normalization: str = "token_mean"  # token_mean | sequence_constant (CS336: sum / constant / seqs)
+    normalize_constant: float = 1.0  # sequence_constant: each sequence's summed NLL is divided by this
 
 
 @dataclass
@@ -65,15 +68,65 @@ def encode_examples(tokenizer, rows: list[dict], max_tokens: int) -> tuple[list,
     return prompts, responses, golds, dropped
 
 
-def make_sft_loss_fn(global_token_count: float, world: int):
-    """Per-micro-batch loss: -sum(log p) / (tokens of the whole step on all ranks), x world size
-    (FSDP averages gradients over ranks). The micro-batch losses then add up to the step's token-mean."""
+LOSS_NORMALIZATIONS = ("token_mean", "sequence_constant")
+
+
+def make_sft_loss_fn(
+    global_token_count: float,
+    world: int,
+    normalization: str = "token_mean",
+    normalize_constant: float = 1.0,
+    global_seq_count: float = 1.0,
+    token_mask: torch.Tensor | None = None,
+):
+    """Per-micro-batch loss, x world size (FSDP averages gradients over ranks); the micro-batch losses add up
+    to the step's loss whatever the micro-batch split:
+
+    - `token_mean`: -sum(log p) / (response tokens of the whole step on all ranks);
+    - `sequence_constant` (CS336's `sft_microbatch_train_step`): each sequence's -sum(log p) divided by
+      `normalize_constant`, averaged over the step's sequences on all ranks -- the course's per-micro-batch
+      mean divided by the gradient accumulation steps, summed over equal micro-batches.
+
+    `token_mask` (rows x response tokens of this rank's step, 1 = trained) narrows the response mask (packed
+    blocks: the prompt tokens inside a block)."""
+    if normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(f"SFT loss normalization must be one of {LOSS_NORMALIZATIONS}, got {normalization!r}")
 
     def loss_fn(mb, log_probs, entropy):
-        loss = agg_loss(-log_probs, mb.response_mask, "token-mean", global_token_count=global_token_count)
+        mask = mb.response_mask
+        if token_mask is not None:
+            mask = mask * token_mask[mb.rows, : log_probs.shape[1]].to(mask.device)
+        if normalization == "token_mean":
+            loss = agg_loss(-log_probs, mask, "token-mean", global_token_count=global_token_count)
+        else:
+            scale = normalize_constant * global_seq_count
+            loss = agg_loss(-log_probs, mask, "seq-mean-token-sum-norm", loss_scale_factor=scale)
         return loss * world, {"sft/loss": loss.item()}
 
     return loss_fn
+
+
+def sft_update(
+    policy,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    world: int,
+    normalization: str = "token_mean",
+    normalize_constant: float = 1.0,
+    token_mask: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """One SFT optimizer step on this rank's (prompt ids, response ids): the SFT stage's and expert
+    iteration's update. `sft/loss` is the step's loss summed over ranks (the whole batch's)."""
+    if token_mask is None:
+        tokens = all_reduce_sum(sum(len(r) for r in responses))
+    else:
+        tokens = all_reduce_sum(float(token_mask.sum()))
+    sequences = all_reduce_sum(len(responses))
+    loss_fn = make_sft_loss_fn(tokens, world, normalization, normalize_constant, sequences, token_mask)
+    metrics = policy.train_step(prompts, responses, loss_fn, with_entropy=False)
+    metrics["sft/loss"] = all_reduce_sum(metrics.get("sft/loss", 0.0))
+    metrics["sft/response_tokens"] = tokens
+    return metrics
 
 
 class SFTTrainer(OfflineStage):
@@ -100,19 +153,19 @@ class SFTTrainer(OfflineStage):
             self.accuracy_items = [(x, g) for x, g in zip(p, golds) if g][self.rank :: self.world]
 
     def step(self, step: int) -> dict[str, float]:
+        d = self.cfg.data
         t0 = time.perf_counter()
         mine = shard(self.sampler.batch(step), self.rank, self.world)
         prompts = [self.prompts[i] for i in mine]
         responses = [self.responses[i] for i in mine]
-        tokens = all_reduce_sum(sum(len(r) for r in responses))
-        metrics = self.policy.train_step(
-            prompts, responses, make_sft_loss_fn(tokens, self.world), with_entropy=False
+        metrics = sft_update(
+            self.policy, prompts, responses, self.world, d.loss_normalization, d.normalize_constant
         )
         seconds = time.perf_counter() - t0
         processed = all_reduce_sum(sum(len(p) + len(r) for p, r in zip(prompts, responses)))
         return {
-            "sft/loss": all_reduce_sum(metrics["sft/loss"]),
-            "sft/response_tokens": tokens,
+            "sft/loss": metrics["sft/loss"],
+            "sft/response_tokens": metrics["sft/response_tokens"],
             "actor/grad_norm": metrics["actor/grad_norm"],
             "actor/lr": self.policy.lr,
             "actor/micro_batches": metrics["actor/micro_batches"],
