@@ -94,8 +94,10 @@ def test_expert_iteration_rounds_train_on_kept_samples(tiny_model, dist_group, m
     assert sorted(hist["val/accuracy"]) == [0, 2]
     for step in (1, 2):
         kept = hist["ei/kept_samples"][step]
-        assert hist["ei/kept_fraction"][step] == pytest.approx(kept / 16) == pytest.approx(
-            hist["train/accuracy"][step]
+        assert (
+            hist["ei/kept_fraction"][step]
+            == pytest.approx(kept / 16)
+            == pytest.approx(hist["train/accuracy"][step])
         )
         assert hist["ei/sft_updates"][step] == 2 * -(-kept // 4)  # 2 epochs of ceil(kept / 4) batches
     assert all(kept > 0 for kept in hist["ei/kept_samples"].values())  # the test exercises the update

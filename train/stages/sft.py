@@ -90,7 +90,9 @@ def make_sft_loss_fn(
     `token_mask` (rows x response tokens of this rank's step, 1 = trained) narrows the response mask (packed
     blocks: the prompt tokens inside a block)."""
     if normalization not in LOSS_NORMALIZATIONS:
-        raise ValueError(f"SFT loss normalization must be one of {LOSS_NORMALIZATIONS}, got {normalization!r}")
+        raise ValueError(
+            f"SFT loss normalization must be one of {LOSS_NORMALIZATIONS}, got {normalization!r}"
+        )
 
     def loss_fn(mb, log_probs, entropy):
         mask = mb.response_mask
