@@ -448,10 +448,9 @@ def validate(cfg: DictConfig) -> None:
 def _cs336_checks(cfg: DictConfig) -> list[tuple[bool, str]]:
     """The prompt template's, the trainer's and expert iteration's keys."""
     from data_prep.prompt_templates import TEMPLATES
-
-    ei, template = cfg.ei, cfg.data.prompt_template
     from train.components import class_constant
 
+    ei, template = cfg.ei, cfg.data.prompt_template
     provides = class_constant(cfg.reward._target_, "provides_signals") or ()
     return [
         (
