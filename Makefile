@@ -17,7 +17,7 @@ REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
+.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -56,7 +56,10 @@ sweep-status: setup
 pipeline: setup  ## a staged experiment (sft -> grpo, dpo -> darling) in the foreground; finished stages are reused
 	$(PY) -m train.pipeline $(EXP) $(OVERRIDES)
 
-bench-sft: setup  ## SFT tokens/s and peak memory on the default model (perf/* in MLflow)
+bench-sft: setup  ## SFT tokens/s packed vs unpacked (same model, data, tokens; OVERRIDES="--model tiny --steps 4")
+	$(PY) -m bench.sft_packing $(OVERRIDES)
+
+bench-sft-stage: setup  ## the SFT stage of sft_grpo_math: tokens/s and peak memory on the default model (perf/* in MLflow)
 	$(PY) -m train.pipeline sft_grpo_math --until sft $(OVERRIDES)
 
 sweep-resume: setup  ## resubmit the latest sweep's failed/dead points (each continues its MLflow run)

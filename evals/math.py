@@ -11,6 +11,12 @@ first, scored by that answer; a sample with no answer votes for "no answer", as 
 subject and level where the data has them (MATH's `type` = math500's `subject`, minerva's `type`).
 Options beyond upstream (off by default, docs/evals.md): `--maj-vote equivalence`,
 `--maj-skip-unanswered`, `--rm-scorer JSON` (adds `rm@k`).
+
+Format (CS336's format x answer reward, train/rewards/r1_zero_reward.py), over all samples: `format_rate`
+(the response is in `--answer-format`: `boxed`, or `r1_zero`'s "</think> <answer> .. </answer>"),
+`answer_rate` (answer right whatever the format) and the four shares `fmt_{wrong,right}_ans_{wrong,right}`.
+`--prompt-template r1_zero` prompts with the course's plain-text R1-Zero prompt instead of the chat prompt
+(local checkpoints only); its answer format is then r1_zero unless `--answer-format` says otherwise.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from data_prep.math_jsonl import SOURCES, load_math_jsonl
+from data_prep.prompt_templates import TEMPLATES, render
 from data_prep.schema import DatasetError, extra_info_of
 from evals.common.cli import main
 from evals.common.generation import Sampling
@@ -29,6 +36,7 @@ from evals.common.suite import EvalContext
 from math_grader import ANSWER_RULES, extract_answer, grade_batch, normalize_answer, start_workers
 from train.algorithms.pass_at_k import pass_at_k
 from train.models import PROJECT_ROOT
+from train.rewards.r1_zero_reward import FORMATS, class_rates, formatted_answer
 
 DATASETS = ("math500", "gsm8k", "aime24", "amc23", "minerva_math")
 
@@ -139,6 +147,18 @@ class MathSuite:
             "vote, as Qwen's '' and lm-eval's '[invalid]')",
         )
         g.add_argument(
+            "--prompt-template",
+            choices=sorted(TEMPLATES),
+            default=None,
+            help="plain-text prompt (CS336: r1_zero) instead of the chat prompt; local checkpoints only",
+        )
+        g.add_argument(
+            "--answer-format",
+            choices=FORMATS,
+            default=None,
+            help="the format format_rate measures (default: r1_zero with --prompt-template r1_zero, else boxed)",
+        )
+        g.add_argument(
             "--rm-scorer",
             default=None,
             help="option: rm@k = correctness of the best of the first k samples by this scorer, a JSON "
@@ -158,7 +178,9 @@ class MathSuite:
                 raise DatasetError(f"math data file not found: {path} (set --data-dir or $RLPOST_MATH_DATA)")
             for row in load_math_jsonl(path, name):
                 info = extra_info_of(row)
-                item = {"id": f"{name}/{info['id']}", "dataset": name, "prompt": row["prompt"]}
+                template = getattr(args, "prompt_template", None)
+                prompt = render(template, row) if template else row["prompt"]
+                item = {"id": f"{name}/{info['id']}", "dataset": name, "prompt": prompt}
                 item["gold"] = row["ground_truth"]
                 for key in ("subject", "level"):
                     if info.get(key) is not None:
@@ -184,6 +206,7 @@ class MathSuite:
             record = {k: v for k, v in item.items() if k != "prompt"}
             answers = [extract_answer(r, rule) for r in rs]
             record |= {"responses": rs, "answers": answers, "correct": correct}
+            record["format"] = [float(formatted_answer(r, answer_format(a))[0]) for r in rs]
             records.append(record)
         if getattr(a, "rm_scorer", None):
             scorer = self._scorer(a.rm_scorer)
@@ -229,6 +252,12 @@ class MathSuite:
                 if key in r:
                     groups[f"{r['dataset']}/{key}/{r[key]}/"].append(i)
         out: dict[str, float] = {}
+        if all("format" in r for r in records):  # every sample's format x answer class
+            for prefix, idx in groups.items():
+                if prefix.count("/") <= 1:
+                    fmt = [bool(f) for i in idx for f in records[i]["format"][:n]]
+                    right = [c == 1.0 for i in idx for c in records[i]["correct"][:n]]
+                    out |= {f"{prefix}{k}": v for k, v in class_rates(fmt, right).items()}
         for prefix, idx in groups.items():
             names = list(per_item[0]) if prefix.count("/") <= 1 else ["acc"]
             for m in names:
@@ -240,6 +269,13 @@ class MathSuite:
                     out[f"{prefix}{m}"] = sum(vals) / len(vals)
             out[f"{prefix}n"] = float(len(idx))
         return out
+
+
+def answer_format(args: argparse.Namespace) -> str:
+    """--answer-format, else r1_zero under the r1_zero prompt, else boxed (the chat prompt asks for a box)."""
+    if getattr(args, "answer_format", None):
+        return args.answer_format
+    return "r1_zero" if getattr(args, "prompt_template", None) == "r1_zero" else "boxed"
 
 
 SUITE = MathSuite()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train.policy.logprobs import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 
 from train.policy.batching import collate, collate_packed, collate_shared
+from train.policy.logprobs import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from train.policy.memory import LiveTensorBytes, peak_tensor_bytes
 from train.policy.packed_logprobs import CHUNK_ELEMENTS, kept_entropy, kept_log_probs, vocab_peak_bytes
 

@@ -63,6 +63,7 @@ class DataConfig:
         256, ">= 1", lambda n: n >= 1
     )  # longer prompts are dropped at load time (counted and reported)
     shuffle: bool = True
+    prompt_template: str | None = None  # null = chat template; r1_zero | question_only (plain text, CS336)
 
 
 @dataclass
@@ -208,9 +209,26 @@ class RunConfig:
 
 
 @dataclass
+class ExpertIterationConfig:
+    """`trainer=expert_iteration` (train/stages/expert_iteration.py): each step is one round: rollout.n
+    samples for each of data.prompts_per_step questions, keep the correct ones, SFT on them."""
+
+    sft_epochs: int = 1  # passes over a round's kept samples
+    batch_size: int = 8  # kept samples per SFT optimizer step (over all ranks)
+    require_format: bool = False  # also keep only samples in the reward's format (its `format` signal)
+    loss_normalization: str = "token_mean"  # token_mean | sequence_constant (the SFT stage's options)
+    normalize_constant: float = 1.0  # sequence_constant: each sequence's summed NLL is divided by this
+
+
+TRAINERS = ("grpo", "expert_iteration")
+
+
+@dataclass
 class TrainConfig(RunConfig):
     """GRPO (`python -m train`): the run keys plus prompts, the method and the reward."""
 
+    trainer: str = "grpo"  # grpo (every estimator) | expert_iteration (the `ei:` keys)
+    ei: ExpertIterationConfig = field(default_factory=ExpertIterationConfig)
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -445,6 +463,7 @@ def validate(cfg: DictConfig) -> None:
             "data.prompts_per_step must be divisible by world_size",
         ),
     ]
+    checks += _cs336_checks(cfg)
     mini = cfg.algorithm.ppo_mini_batch_size
     if mini is not None:
         checks.append(
@@ -474,6 +493,41 @@ def _validate_critic(cfg: DictConfig, has_critic: bool) -> None:
             ),
         ]
     )
+
+
+def _cs336_checks(cfg: DictConfig) -> list[tuple[bool, str]]:
+    """The prompt template's, the trainer's and expert iteration's keys."""
+    from data_prep.prompt_templates import TEMPLATES
+    from train.components import class_constant
+
+    ei, template = cfg.ei, cfg.data.prompt_template
+    provides = class_constant(cfg.reward._target_, "provides_signals") or ()
+    return [
+        (
+            template is None or template in TEMPLATES,
+            f"data.prompt_template={template!r} is not one of {sorted(TEMPLATES)} (or null: the chat template)",
+        ),
+        (cfg.trainer in TRAINERS, f"trainer={cfg.trainer!r} is not one of {list(TRAINERS)}"),
+        (ei.sft_epochs >= 1, "ei.sft_epochs must be >= 1"),
+        (
+            ei.batch_size >= 1 and ei.batch_size % cfg.world_size == 0,
+            "ei.batch_size must be >= 1 and divisible by world_size",
+        ),
+        (
+            ei.loss_normalization in ("token_mean", "sequence_constant"),
+            "ei.loss_normalization must be token_mean or sequence_constant",
+        ),
+        (ei.normalize_constant > 0, "ei.normalize_constant must be > 0"),
+        (
+            cfg.trainer != "expert_iteration" or cfg.optim.schedule == "constant",
+            "trainer=expert_iteration takes optim.schedule=constant (its optimizer steps per round vary)",
+        ),
+        (
+            not (cfg.trainer == "expert_iteration" and ei.require_format) or "format" in provides,
+            f"ei.require_format=true needs a reward that reports the format ({cfg.reward._target_} does not): "
+            "use reward._target_=train.rewards.r1_zero_reward.R1ZeroReward",
+        ),
+    ]
 
 
 def validate_algorithm(

@@ -9,11 +9,18 @@ from __future__ import annotations
 import torch
 
 
-def encode_prompts(tokenizer, rows: list[dict]) -> list[list[int]]:
-    """The token ids the rollout engine is given: each row's chat `prompt` with the generation prompt."""
-    texts = [
-        tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows
-    ]
+def encode_prompts(tokenizer, rows: list[dict], template: str | None = None) -> list[list[int]]:
+    """The token ids the rollout engine is given: each row's chat `prompt` with the generation prompt, or,
+    with a `template` (data_prep/prompt_templates.py, e.g. r1_zero), its question in that plain text."""
+    if template is not None:
+        from data_prep.prompt_templates import render
+
+        texts = [render(template, r) for r in rows]
+    else:
+        texts = [
+            tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in rows
+        ]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 

@@ -139,7 +139,10 @@ class VLLMGenerator:
                 raise GenerationError(f"checkpoint {model_dir} cannot be loaded: {_one_line(exc)}") from None
         self._arch, self.model_dir, self.tokenizer = arch, model_dir, tokenizer
 
-    def prompt_ids(self, conversation: list[dict]) -> list[int]:
+    def prompt_ids(self, conversation: list[dict] | str) -> list[int]:
+        """A conversation through the chat template; a plain string (a prompt template's text) as it is."""
+        if isinstance(conversation, str):
+            return self.tokenizer(conversation, add_special_tokens=False)["input_ids"]
         text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -230,6 +233,10 @@ class ServerGenerator:
         """The server already serves its model; nothing to load."""
 
     def _one(self, conversation: list[dict], sampling: Sampling, seed: int) -> str:
+        if isinstance(conversation, str):
+            raise GenerationError(
+                "a plain-text prompt (--prompt-template) needs a local checkpoint (--ckpt), not a chat server"
+            )
         extra = {"min_p": sampling.min_p} if sampling.min_p > 0 else None
         try:
             resp = self.client.chat.completions.create(

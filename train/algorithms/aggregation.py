@@ -22,6 +22,7 @@ __all__ = [
     "agg_loss",
     "global_normalisers",
     "masked_mean",
+    "masked_normalize",
 ]
 
 Number = int | float | torch.Tensor
@@ -35,10 +36,25 @@ LOSS_AGG_MODES: tuple[str, ...] = (
 )
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over positions where ``mask`` is 1 (0 when the mask is empty). Any shape."""
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over positions where ``mask`` is 1, over all elements or along ``dim`` (CS336's
+    ``masked_mean``). An empty mask (a fully masked row along ``dim``) gives 0, where the course's
+    definition gives NaN (0/0): 0 keeps a padding row from poisoning a loss. Any shape."""
     keep = mask.bool()
-    return torch.where(keep, values, torch.zeros_like(values)).sum() / keep.sum().clamp(min=1)
+    masked = torch.where(keep, values, torch.zeros_like(values))
+    if dim is None:
+        return masked.sum() / keep.sum().clamp(min=1)
+    return masked.sum(dim=dim) / keep.sum(dim=dim).clamp(min=1)
+
+
+def masked_normalize(
+    values: torch.Tensor, mask: torch.Tensor, normalize_constant: float = 1.0, dim: int | None = None
+) -> torch.Tensor:
+    """Sum of ``values`` where ``mask`` is 1, over all elements or along ``dim``, divided by
+    ``normalize_constant`` (CS336's ``masked_normalize``; a fully masked row gives 0)."""
+    keep = mask.bool()
+    masked = torch.where(keep, values, torch.zeros_like(values))
+    return (masked.sum() if dim is None else masked.sum(dim=dim)) / normalize_constant
 
 
 def _check_mode(loss_agg_mode: str) -> None:

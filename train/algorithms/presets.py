@@ -37,7 +37,46 @@ GSPO: dict[str, Any] = {
 # SAPO (arXiv 2511.20347): the smooth gate, seq-mean-token-mean as verl forces it.
 SAPO: dict[str, Any] = {"policy_loss_mode": "sapo", "loss_agg_mode": "seq-mean-token-mean"}
 
-PRESETS: dict[str, dict[str, Any]] = {"grpo": GRPO, "dr_grpo": DR_GRPO, "gspo": GSPO, "sapo": SAPO}
+# CS336 assignment 5 (train/algorithms/cs336.py): its three policy-gradient losses exactly as the course
+# defines them -- per-sequence token mean, then the mean over sequences; no KL, no entropy bonus; GRPO-Clip
+# is the textbook clip (no dual clip); group-normalised rewards (r - mean) / (std + 1e-6), unbiased std.
+_CS336_COMMON: dict[str, Any] = {
+    "loss_agg_mode": "seq-mean-token-mean",
+    "use_kl_loss": False,
+    "use_kl_in_reward": False,
+    "entropy_coeff": 0.0,
+}
+CS336_NO_BASELINE: dict[str, Any] = {
+    **_CS336_COMMON,
+    "adv_estimator": "no_baseline",
+    "policy_loss_mode": "gpg",
+}
+CS336_REINFORCE_WITH_BASELINE: dict[str, Any] = {
+    **_CS336_COMMON,
+    "adv_estimator": "grpo",
+    "norm_adv_by_std_in_grpo": True,
+    "policy_loss_mode": "gpg",
+}
+CS336_GRPO_CLIP: dict[str, Any] = {
+    **_CS336_COMMON,
+    "adv_estimator": "grpo",
+    "norm_adv_by_std_in_grpo": True,
+    "policy_loss_mode": "vanilla",
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.2,
+    "clip_ratio_c": float("inf"),
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": GRPO,
+    "dr_grpo": DR_GRPO,
+    "gspo": GSPO,
+    "sapo": SAPO,
+    "cs336": CS336_GRPO_CLIP,  # the course's GRPO-Clip
+    "cs336_grpo_clip": CS336_GRPO_CLIP,
+    "cs336_reinforce_with_baseline": CS336_REINFORCE_WITH_BASELINE,
+    "cs336_no_baseline": CS336_NO_BASELINE,
+}
 
 
 def get_preset(name: str) -> dict[str, Any]:

@@ -163,7 +163,7 @@ class GRPOTrainer(TrainingLoop):
         if cfg.val_every and cfg.data.val_path:
             val = load_prompt_rows(cfg.data.val_path, cfg.data.val_size, cfg.seed, split="test")
             self.val_rows = val[self.rank :: self.world]
-            self.val_prompt_ids = encode_prompts(self.tokenizer, self.val_rows)
+            self.val_prompt_ids = encode_prompts(self.tokenizer, self.val_rows, cfg.data.prompt_template)
 
     def setup(self) -> None:
         cfg = self.cfg
@@ -236,7 +236,7 @@ class GRPOTrainer(TrainingLoop):
 
     # ------------------------------------------------------------------------------------------
     def _fit_prompts(self, rows: list[dict]) -> tuple[list[dict], int]:
-        ids = encode_prompts(self.tokenizer, rows)
+        ids = encode_prompts(self.tokenizer, rows, self.cfg.data.prompt_template)
         keep = [(r, i) for r, i in zip(rows, ids) if len(i) <= self.cfg.data.max_prompt_tokens]
         self.prompt_ids = [i for _, i in keep]
         return [r for r, _ in keep], len(rows) - len(keep)
@@ -612,6 +612,10 @@ def _one_line(step: int, total: int, m: dict[str, float]) -> str:
 
 def run(cfg: DictConfig, engine=None) -> dict[str, float]:
     """Train with this (already validated) config; marks the MLflow run FAILED with the error on a crash."""
+    if cfg.get("trainer", "grpo") == "expert_iteration":  # the same loop, data, rollout and reward keys
+        from train.stages.expert_iteration import ExpertIterationTrainer
+
+        return run_loop(ExpertIterationTrainer, cfg, engine=engine)
     return run_loop(GRPOTrainer, cfg, engine=engine)
 
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
 from omegaconf import DictConfig
 
 from data_prep.datasets import load_sft_rows
+from data_prep.packing import PACK_LOSS, pack_documents
 from data_prep.sft_math import BUILTIN, split_response
 from train.algorithms.aggregation import agg_loss
+from train.config import ConfigError
 from train.data import PromptSampler
 from train.loop import run_loop
 from train.policy.distributed import all_reduce_sum
@@ -43,6 +46,13 @@ class SFTDataConfig:
     batch_size: int = 16  # examples per optimizer step (over all ranks)
     max_tokens: int = 512  # longer examples (prompt + response) are dropped at load time (counted)
     shuffle: bool = True
+    loss_normalization: str = "token_mean"  # token_mean | sequence_constant (CS336: sum / constant / seqs)
+    normalize_constant: float = 1.0  # sequence_constant: each sequence's summed NLL is divided by this
+    min_tokens: int = 0  # shorter examples (prompt + response) are dropped at load time (counted)
+    max_response_tokens: int | None = None  # examples with a longer response are dropped (counted)
+    pack: bool = False  # packed blocks (data_prep/packing.py): batch_size = blocks per step, no padding
+    block_size: int = 256  # pack: tokens predicted per block
+    pack_loss: str = "response"  # pack: train on response tokens (+ EOS) | all tokens (the course)
 
 
 @dataclass
@@ -50,13 +60,17 @@ class SFTConfig(StageRunConfig):
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
 
 
-def encode_examples(tokenizer, rows: list[dict], max_tokens: int) -> tuple[list, list, list, int]:
-    """(prompt ids, response ids, golds, number dropped for length) of SFT schema rows."""
+def encode_examples(
+    tokenizer, rows: list[dict], max_tokens: int, min_tokens: int = 0, max_response_tokens: int | None = None
+) -> tuple[list, list, list, int]:
+    """(prompt ids, response ids, golds, number dropped for length) of SFT schema rows; the length filter
+    keeps min_tokens <= prompt + response <= max_tokens and response <= max_response_tokens."""
     prompts, responses, golds, dropped = [], [], [], 0
     for i, row in enumerate(rows):
         prompt, response = split_response(row, f"row {i}")
         p, r = encode_chat(tokenizer, prompt, response)
-        if len(p) + len(r) > max_tokens:
+        too_long = max_response_tokens is not None and len(r) > max_response_tokens
+        if not min_tokens <= len(p) + len(r) <= max_tokens or too_long:
             dropped += 1
             continue
         prompts.append(p)
@@ -65,15 +79,67 @@ def encode_examples(tokenizer, rows: list[dict], max_tokens: int) -> tuple[list,
     return prompts, responses, golds, dropped
 
 
-def make_sft_loss_fn(global_token_count: float, world: int):
-    """Per-micro-batch loss: -sum(log p) / (tokens of the whole step on all ranks), x world size
-    (FSDP averages gradients over ranks). The micro-batch losses then add up to the step's token-mean."""
+LOSS_NORMALIZATIONS = ("token_mean", "sequence_constant")
+
+
+def make_sft_loss_fn(
+    global_token_count: float,
+    world: int,
+    normalization: str = "token_mean",
+    normalize_constant: float = 1.0,
+    global_seq_count: float = 1.0,
+    token_mask: torch.Tensor | None = None,
+):
+    """Per-micro-batch loss, x world size (FSDP averages gradients over ranks); the micro-batch losses add up
+    to the step's loss whatever the micro-batch split:
+
+    - `token_mean`: -sum(log p) / (response tokens of the whole step on all ranks);
+    - `sequence_constant` (CS336's `sft_microbatch_train_step`): each sequence's -sum(log p) divided by
+      `normalize_constant`, averaged over the step's sequences on all ranks -- the course's per-micro-batch
+      mean divided by the gradient accumulation steps, summed over equal micro-batches.
+
+    `token_mask` (rows x response tokens of this rank's step, 1 = trained) narrows the response mask (packed
+    blocks: the prompt tokens inside a block)."""
+    if normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(
+            f"SFT loss normalization must be one of {LOSS_NORMALIZATIONS}, got {normalization!r}"
+        )
 
     def loss_fn(mb, log_probs, entropy):
-        loss = agg_loss(-log_probs, mb.response_mask, "token-mean", global_token_count=global_token_count)
+        mask = mb.response_mask
+        if token_mask is not None:
+            mask = mask * token_mask[mb.rows, : log_probs.shape[1]].to(mask.device)
+        if normalization == "token_mean":
+            loss = agg_loss(-log_probs, mask, "token-mean", global_token_count=global_token_count)
+        else:
+            scale = normalize_constant * global_seq_count
+            loss = agg_loss(-log_probs, mask, "seq-mean-token-sum-norm", loss_scale_factor=scale)
         return loss * world, {"sft/loss": loss.item()}
 
     return loss_fn
+
+
+def sft_update(
+    policy,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    world: int,
+    normalization: str = "token_mean",
+    normalize_constant: float = 1.0,
+    token_mask: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """One SFT optimizer step on this rank's (prompt ids, response ids): the SFT stage's and expert
+    iteration's update. `sft/loss` is the step's loss summed over ranks (the whole batch's)."""
+    if token_mask is None:
+        tokens = all_reduce_sum(sum(len(r) for r in responses))
+    else:
+        tokens = all_reduce_sum(float(token_mask.sum()))
+    sequences = all_reduce_sum(len(responses))
+    loss_fn = make_sft_loss_fn(tokens, world, normalization, normalize_constant, sequences, token_mask)
+    metrics = policy.train_step(prompts, responses, loss_fn, with_entropy=False)
+    metrics["sft/loss"] = all_reduce_sum(metrics.get("sft/loss", 0.0))
+    metrics["sft/response_tokens"] = tokens
+    return metrics
 
 
 class SFTTrainer(OfflineStage):
@@ -84,13 +150,29 @@ class SFTTrainer(OfflineStage):
         cfg, d = self.cfg, self.cfg.data
         self.accuracy_items: list[tuple[list[int], str]] = []  # (prompt ids, gold) of this rank
         rows = load_sft_rows(d.train_path, d.builtin_size, cfg.seed, split="train")
-        self.prompts, self.responses, _, dropped = encode_examples(self.tokenizer, rows, d.max_tokens)
+        self.prompts, self.responses, _, dropped = encode_examples(
+            self.tokenizer, rows, d.max_tokens, d.min_tokens, d.max_response_tokens
+        )
+        limits = f"data.min_tokens={d.min_tokens} data.max_tokens={d.max_tokens}" + (
+            f" data.max_response_tokens={d.max_response_tokens}" if d.max_response_tokens is not None else ""
+        )
         if dropped:
-            self.print(f"dropped {dropped} examples longer than data.max_tokens={d.max_tokens}")
+            self.print(f"dropped {dropped} examples outside the length limits ({limits})")
         if not self.prompts:
-            raise ValueError(
-                f"data.train_path={d.train_path}: no SFT example fits data.max_tokens={d.max_tokens}"
+            raise ValueError(f"data.train_path={d.train_path}: no SFT example fits {limits}")
+        self.token_masks = None
+        if d.pack:  # fixed-length blocks of the concatenated examples: (first token, block_size targets)
+            blocks, masks = pack_documents(
+                self.prompts, self.responses, self.tokenizer.eos_token_id, d.block_size, d.pack_loss
             )
+            if not blocks:
+                raise ValueError(
+                    f"data.train_path={d.train_path}: its {sum(map(len, self.responses))} response tokens "
+                    f"fill no block of data.block_size={d.block_size}: lower data.block_size"
+                )
+            self.print(f"packed {len(self.prompts)} examples into {len(blocks)} blocks of {d.block_size}")
+            self.prompts, self.responses = [b[:1] for b in blocks], [b[1:] for b in blocks]
+            self.token_masks = torch.tensor(masks)
         self.sampler = PromptSampler(len(self.prompts), d.batch_size, cfg.seed, d.shuffle)
         self.val: tuple[list, list] = ([], [])
         if cfg.val_every and d.val_path:
@@ -100,19 +182,26 @@ class SFTTrainer(OfflineStage):
             self.accuracy_items = [(x, g) for x, g in zip(p, golds) if g][self.rank :: self.world]
 
     def step(self, step: int) -> dict[str, float]:
+        d = self.cfg.data
         t0 = time.perf_counter()
         mine = shard(self.sampler.batch(step), self.rank, self.world)
         prompts = [self.prompts[i] for i in mine]
         responses = [self.responses[i] for i in mine]
-        tokens = all_reduce_sum(sum(len(r) for r in responses))
-        metrics = self.policy.train_step(
-            prompts, responses, make_sft_loss_fn(tokens, self.world), with_entropy=False
+        token_mask = None if self.token_masks is None else self.token_masks[mine]
+        metrics = sft_update(
+            self.policy,
+            prompts,
+            responses,
+            self.world,
+            d.loss_normalization,
+            d.normalize_constant,
+            token_mask,
         )
         seconds = time.perf_counter() - t0
         processed = all_reduce_sum(sum(len(p) + len(r) for p, r in zip(prompts, responses)))
         return {
-            "sft/loss": all_reduce_sum(metrics["sft/loss"]),
-            "sft/response_tokens": tokens,
+            "sft/loss": metrics["sft/loss"],
+            "sft/response_tokens": metrics["sft/response_tokens"],
             "actor/grad_norm": metrics["actor/grad_norm"],
             "actor/lr": self.policy.lr,
             "actor/micro_batches": metrics["actor/micro_batches"],
@@ -145,6 +234,19 @@ class SFTStage:
 
     def validate(self, cfg: DictConfig) -> None:
         validate_run_config(cfg, cfg.data.batch_size)
+        d = cfg.data
+        for ok, message in [
+            (
+                d.loss_normalization in LOSS_NORMALIZATIONS,
+                f"data.loss_normalization must be one of {LOSS_NORMALIZATIONS}",
+            ),
+            (d.normalize_constant > 0, "data.normalize_constant must be > 0"),
+            (d.block_size >= 1, "data.block_size must be >= 1"),
+            (d.pack_loss in PACK_LOSS, f"data.pack_loss must be one of {PACK_LOSS}"),
+            (0 <= d.min_tokens <= d.max_tokens, "data.min_tokens must be in [0, data.max_tokens]"),
+        ]:
+            if not ok:
+                raise ConfigError(f"bad config value: {message}")
 
     def run(self, cfg: DictConfig, engine=None) -> dict[str, float]:
         return run_loop(SFTTrainer, cfg, engine=engine)
