@@ -171,7 +171,7 @@ class TrainingLoop:
         )
         validating = bool(cfg.val_every) and self.has_validation()
         last: dict[str, float] = {}
-        with PreemptWatch(grace_s=float(cfg.get("preempt_grace_s", 0) or 0), say=self.print) as watch:
+        with PreemptWatch(grace_s=float(cfg.preempt_grace_s or 0), say=self.print) as watch:
             watch.step = self.start_step
             if validating and self.start_step == 0:  # the starting model's figures, at step 0
                 self.tracker.log_metrics(self._validate(0), 0)
@@ -192,7 +192,7 @@ class TrainingLoop:
                 if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
                     saved = self.save(step, required=step == cfg.total_steps or bool(stop))
                 if stop:
-                    if saved is None and cfg.get("checkpoint_on_preempt", True):
+                    if saved is None and cfg.checkpoint_on_preempt:
                         saved = self.save(step, required=True)
                     raise Preempted(stop, step, checkpoint=str(saved) if saved else None,
                                     received_at=watch.received_at)  # fmt: skip
