@@ -56,6 +56,14 @@ class Estimate:
         f = f"{'+' if signed else ''}.{digits}g"
         if math.isnan(self.mean):
             return "-"
+        self = Estimate(
+            _tidy(self.mean),
+            _tidy(self.lo),
+            _tidy(self.hi),
+            self.n,
+            tuple(map(_tidy, self.values)),
+            self.clipped,
+        )
         if self.has_ci:
             return f"{self.mean:{f}} [{self.lo:{f}}, {self.hi:{f}}]{CLIPPED_MARK if self.clipped else ''}"
         if self.n == 1:
