@@ -29,13 +29,13 @@ from omegaconf import OmegaConf
 
 from data_prep.datasets import load_prompt_rows
 from train.data import PromptSampler, encode_prompts
+from train.heldout_metrics import heldout_metrics
 from train.loop import TrainingLoop, build_engine
 from train.policy.distributed import all_gather_objects, all_reduce_sum
 from train.rewards.base import RewardResult
 from train.rollout.base import SamplingConfig
 from train.stages.common import peak_memory_gb, shard
 from train.stages.sft import sft_update
-from train.validation import heldout_metrics
 
 
 def kept_indices(reward: RewardResult, require_format: bool) -> list[int]:
