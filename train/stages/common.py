@@ -98,6 +98,32 @@ def greedy_accuracy(loop, items: list[tuple[list[int], str]]) -> dict[str, float
     return {"val/accuracy": statistics.fmean(everyone)} if everyone else {}
 
 
+def heldout_pass(loop, prompt_ids: list[list[int]], rows: list[dict]):
+    """One validation pass of an RL stage (GRPO, expert iteration): `data.val_n` samples per held-out prompt
+    (one greedy answer when 1) scored by the training reward, every rank's results gathered.
+
+    Returns (rollout, reward, each sample's row, gathered) with gathered = (scores, correct or None, group ids
+    made distinct across ranks, each rank's reward metrics)."""
+    n = loop.cfg.data.val_n
+    sampling = SamplingConfig(
+        n=n,
+        temperature=loop.cfg.data.val_temperature if n > 1 else 0.0,
+        max_new_tokens=loop.cfg.rollout.max_new_tokens,
+        seed=0,
+    )
+    rollout = loop.engine.generate(prompt_ids, sampling)
+    sample_rows = [rows[g] for g in rollout.group_index]
+    reward = loop.reward_fn(sample_rows, rollout.texts, rollout.group_index)
+    parts = all_gather_objects((reward.scores, reward.correct, rollout.group_index, reward.metrics))
+    offset, groups = 0, []
+    for p in parts:  # group ids are per rank: make them distinct across ranks
+        groups += [offset + g for g in p[2]]
+        offset = max(groups, default=-1) + 1
+    correct = None if any(p[1] is None for p in parts) else [c for p in parts for c in p[1]]
+    gathered = ([s for p in parts for s in p[0]], correct, groups, [p[3] for p in parts])
+    return rollout, reward, sample_rows, gathered
+
+
 class OfflineStage(TrainingLoop):
     """A loop over a fixed dataset of `data.batch_size` examples a step (SFT, DPO): validation when
     `data.val_path` is set, runs tagged with their stage kind."""

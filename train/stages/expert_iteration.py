@@ -34,7 +34,7 @@ from train.loop import TrainingLoop, build_engine
 from train.policy.distributed import all_gather_objects, all_reduce_sum
 from train.rewards.base import RewardResult
 from train.rollout.base import SamplingConfig
-from train.stages.common import peak_memory_gb, shard
+from train.stages.common import heldout_pass, peak_memory_gb, shard
 from train.stages.sft import sft_update
 
 
@@ -175,26 +175,10 @@ class ExpertIterationTrainer(TrainingLoop):
 
     def validate(self, step: int) -> dict[str, float]:
         """Held-out prompts scored by the training reward (GRPO's `val/*`): greedy, or data.val_n samples."""
-        n = self.cfg.data.val_n
-        sampling = SamplingConfig(
-            n=n,
-            temperature=self.cfg.data.val_temperature if n > 1 else 0.0,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-            seed=0,
-        )
-        rollout = self.engine.generate(self.val_prompt_ids, sampling)
-        reward = self.reward_fn(
-            [self.val_rows[g] for g in rollout.group_index], rollout.texts, rollout.group_index
-        )
-        parts = all_gather_objects((reward.scores, reward.correct, rollout.group_index, reward.metrics))
-        offset, groups = 0, []
-        for p in parts:  # group ids are per rank: make them distinct across ranks
-            groups += [offset + g for g in p[2]]
-            offset = max(groups, default=-1) + 1
-        correct = None if any(p[1] is None for p in parts) else [c for p in parts for c in p[1]]
-        out = heldout_metrics([s for p in parts for s in p[0]], correct, groups)
-        for key in parts[0][3]:
-            out[f"val/{key}"] = statistics.fmean(p[3][key] for p in parts)
+        _, _, _, (scores, correct, groups, metrics) = heldout_pass(self, self.val_prompt_ids, self.val_rows)
+        out = heldout_metrics(scores, correct, groups)
+        for key in metrics[0]:
+            out[f"val/{key}"] = statistics.fmean(m[key] for m in metrics)
         return out
 
     def one_line(self, step: int, m: dict[str, float]) -> str:

@@ -48,6 +48,7 @@ from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
 from train.rollout.base import SamplingConfig
+from train.stages.common import heldout_pass
 
 # Who computes each input an estimator or a step plug-in may need (registry.INPUTS), in the order they
 # run: (trainer method, needs the rollout engine awake). Engine inputs run before the engine sleeps.
@@ -566,26 +567,12 @@ class GRPOTrainer(TrainingLoop):
 
         One greedy answer per prompt, or `data.val_n` samples at `data.val_temperature` (pass@1..n and the
         reward's diversity figures: distinct correct answers per prompt, distinct_k)."""
-        n = self.cfg.data.val_n
-        sampling = SamplingConfig(
-            n=n,
-            temperature=self.cfg.data.val_temperature if n > 1 else 0.0,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-            seed=0,
+        rollout, reward, rows, (scores, correct, groups, metrics) = heldout_pass(
+            self, self.val_prompt_ids, self.val_rows
         )
-        rollout = self.engine.generate(self.val_prompt_ids, sampling)
-        rows = [self.val_rows[g] for g in rollout.group_index]
-        reward = self.reward_fn(rows, rollout.texts, rollout.group_index)
         samples.log_rollout(self.tracker, "val", step, rows, rollout, reward)
-        gathered = all_gather_objects((reward.scores, reward.correct, rollout.group_index, reward.metrics))
-        offset, groups = 0, []
-        for g in gathered:  # group ids are per rank: make them distinct across ranks
-            groups += [offset + i for i in g[2]]
-            offset = max(groups, default=-1) + 1
-        figures = {k: statistics.fmean(g[3][k] for g in gathered) for k in gathered[0][3]}
-        correct = None if any(g[1] is None for g in gathered) else [c for g in gathered for c in g[1]]
-        out = heldout_metrics([s for g in gathered for s in g[0]], correct, groups, figures)
-        return out
+        figures = {k: statistics.fmean(m[k] for m in metrics) for k in metrics[0]}
+        return heldout_metrics(scores, correct, groups, figures)
 
     def one_line(self, step: int, m: dict[str, float]) -> str:
         return _one_line(step, self.cfg.total_steps, m)
