@@ -1,6 +1,6 @@
 import torch
 
-from train.policy.batching import collate, make_micro_batches, plan_micro_batches
+from train.policy.batching import build_micro_batches, collate, plan_micro_batches
 
 
 def test_plan_respects_budget_and_covers_every_row():
@@ -32,7 +32,7 @@ def test_collate_layout_left_pads_prompts_right_pads_responses():
 def test_make_micro_batches_rows_point_back_to_the_batch():
     prompts = [[1] * n for n in (3, 9, 4, 8)]
     responses = [[2] * n for n in (2, 6, 1, 5)]
-    mbs = make_micro_batches(prompts, responses, token_budget=30, pad_id=0)
+    mbs = build_micro_batches("plain", prompts, responses, token_budget=30, pad_id=0)
     seen = torch.cat([mb.rows for mb in mbs]).tolist()
     assert sorted(seen) == [0, 1, 2, 3]
     for mb in mbs:
@@ -107,10 +107,10 @@ def test_shared_prompt_layout_gives_the_plain_layouts_log_probs_and_gradients(ti
 
 
 def test_packed_layout_is_one_padding_free_row():
-    from train.policy.batching import make_packed_micro_batches, plan_packed
+    from train.policy.batching import build_micro_batches, plan_packed
 
     assert plan_packed([5, 4, 3, 9, 1], token_budget=10) == [[0, 1], [2], [3, 4]]  # 9, 3, 10 tokens
-    (mb,) = make_packed_micro_batches([[1, 2], [3]], [[7, 8, 9], [5]], token_budget=64, pad_id=0)
+    (mb,) = build_micro_batches("packed", [[1, 2], [3]], [[7, 8, 9], [5]], token_budget=64, pad_id=0)
     assert mb.attention_mask is None and mb.input_ids.tolist() == [[1, 2, 7, 8, 9, 3, 5]]
     assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1]]  # restart per sample: no cross attention
     # row 0's tokens 7, 8, 9 are predicted at positions 1, 2, 3; row 1's token 5 at position 5

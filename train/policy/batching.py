@@ -147,12 +147,6 @@ def plan_plain(
     ]
 
 
-def make_micro_batches(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
-) -> list[MicroBatch]:
-    return [build() for build in plan_plain(prompt_ids, response_ids, token_budget, pad_id)]
-
-
 def prompt_units(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int
 ) -> list[list[int]]:
@@ -261,12 +255,6 @@ def plan_shared(
     ]
 
 
-def make_shared_micro_batches(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
-) -> list[MicroBatch]:
-    return [build() for build in plan_shared(prompt_ids, response_ids, token_budget, pad_id)]
-
-
 def plan_packed(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Consecutive rows grouped so each group's total length (no padding) stays within the budget;
     a row longer than the budget gets its own group."""
@@ -336,12 +324,6 @@ def plan_packed_layout(
     ]
 
 
-def make_packed_micro_batches(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
-) -> list[MicroBatch]:
-    return [build() for build in plan_packed_layout(prompt_ids, response_ids, token_budget, pad_id)]
-
-
 LAYOUTS = {"plain": plan_plain, "shared": plan_shared, "packed": plan_packed_layout}
 
 
@@ -371,3 +353,10 @@ def empty_micro_batch(pad_id: int) -> MicroBatch:
     mb.rows = torch.zeros(0, dtype=torch.long)
     mb.response_mask.zero_()
     return mb
+
+
+def build_micro_batches(
+    layout: str, prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
+) -> list[MicroBatch]:
+    """Every micro-batch of `layout` built at once (tests and tools; training builds them one at a time)."""
+    return [build() for build in plan_layout(layout, prompt_ids, response_ids, token_budget, pad_id)]
