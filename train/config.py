@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from infra.models import PROJECT_ROOT
 
 
 def checked(
@@ -344,7 +344,7 @@ def merge_layers(cfg: DictConfig, layers: list) -> DictConfig:
 
 def refuse_secrets(cfg: DictConfig) -> None:
     """A config is written to sweep files, config.yaml and MLflow, so it must not hold a key."""
-    from train.redact import secrets_in
+    from infra.redact import secrets_in
 
     found = secrets_in(OmegaConf.to_container(cfg, resolve=False))
     if found:

@@ -186,7 +186,7 @@ class GRPOTrainer(TrainingLoop):
             self.plugin_state.update(plugin.state(algo) if plugin.state else {})
         self.extra_gen_batches = 0  # dynamic sampling: generation batches drawn beyond one per step
         if "values" in needs:  # PPO with a critic
-            from train.models import resolve_model_path
+            from infra.models import resolve_model_path
             from train.policy.critic import Critic
 
             crit = cfg.critic
