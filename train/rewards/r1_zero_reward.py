@@ -1,17 +1,8 @@
 """The CS336 / R1-Zero format x answer reward, and its four classes (format wrong/right x answer wrong/right).
 
-Formats (`answer_format`):
-
-- `r1_zero` (CS336 assignment 5's `r1_zero_reward_fn`): the format holds when the response contains
-  "</think> <answer>" (exactly one space, as the course's grader; `whitespace="any"` accepts any
-  whitespace) and "</answer>". The answer is the text between the last "<answer>" and the "</answer>"
-  after it; when it holds a \\boxed{}, the box's content (no box content: the answer is wrong).
-- `boxed` (the course's `question_only_reward_fn`): the format holds when the response has a closed
-  \\boxed{...}; the answer is the last box's content.
-
-The format x answer classification is `math_grader/answer_format.py` (the evals classify with it too); the
-answer is compared with the gold by the project's one grader (`math_grader`). The reward is the
-course's: `correct` when format AND answer are right, `format_only` (0 in the course: no reward for format
+The formats (`answer_format`: `r1_zero`, `boxed`) and the format x answer classification are
+`math_grader/answer_format.py` (the evals classify with it too); the answer is compared with the gold by
+the project's one grader (`math_grader`). The reward is the course's: `correct` when format AND answer are right, `format_only` (0 in the course: no reward for format
 alone, against hacking) when only the format is, else `incorrect`. The answer is graded even when the
 format is wrong (the grader's own extraction of the whole response), so all four classes are measured:
 "format wrong, answer right" is the share a stricter format costs. The course's `answer_reward` (0
