@@ -39,7 +39,7 @@ plan: setup  ## per-GPU memory and step time of an experiment: make plan EXP=dar
 	$(PY) -m train.plan experiment=$(EXP) $(OVERRIDES)
 
 model: setup  ## convert the embedded default model once (also done on first use)
-	$(PY) -m train.models
+	$(PY) -m infra.models
 
 test: setup
 	$(PY) -m pytest -q

@@ -56,7 +56,7 @@ from analysis.store import (  # noqa: E402
     metric_columns,
 )
 from analysis.view import report_links  # noqa: E402
-from train.tracking import tracking_uri  # noqa: E402
+from infra.tracking import tracking_uri  # noqa: E402
 
 TRAIN_CURVES = (
     "train/reward_mean", "train/accuracy", "val/accuracy", "train/response_length_mean", "actor/entropy",

@@ -1,7 +1,7 @@
 """Read training runs and eval results out of MLflow into pandas tables.
 
 The one helper module the leaderboard, the report and the notebooks share. It only reads; the
-naming conventions it relies on are written by train/tracking.py, train/sweep.py and evals/common:
+naming conventions it relies on are written by infra/tracking.py, train/sweep.py and evals/common:
 metrics `train/*`, `val/*`, `reward/*`, `eval/<suite>/<metric>` (CI bounds `<metric>_ci_lo/_ci_hi`),
 tags `rlpost.sweep`, `rlpost.kind` (sweep | train), `rlpost.grid_point` (JSON).
 """
@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import pandas as pd
 
-from train.tracking import mlflow_client, tracking_uri
+from infra.tracking import mlflow_client, tracking_uri
 
 CI_SUFFIXES = ("_ci_lo", "_ci_hi")
 RUN_COLUMNS = ["run_id", "run_name", "experiment", "status", "sweep", "group", "grid_point", "start_time"]

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from analysis.sample_index import SampleIndex
-from train.samples import ARTIFACT_DIR
+from infra.tracking import SAMPLES_ARTIFACT_DIR
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # `make ui`
 MAX_RUNS = 100
@@ -46,10 +46,10 @@ class RunSamples:
 
             local = Path(
                 mlflow.artifacts.download_artifacts(
-                    run_id=run["run_id"], artifact_path=ARTIFACT_DIR, tracking_uri=self.uri
+                    run_id=run["run_id"], artifact_path=SAMPLES_ARTIFACT_DIR, tracking_uri=self.uri
                 )
             ).parent
-        return sorted((local / ARTIFACT_DIR / kind).glob("*.jsonl"))  # the tables are *.table.json
+        return sorted((local / SAMPLES_ARTIFACT_DIR / kind).glob("*.jsonl"))  # the tables are *.table.json
 
     def records(self, run_id: str, kind: str) -> tuple[list[dict], list[str]]:
         """(records of every logged step, one-line problems) of one run."""
@@ -173,7 +173,7 @@ def find_runs(
     arm and seed. Returns (runs, one-line problems)."""
     from analysis.arms import experiment_arms, select_runs, with_arms
     from analysis.store import client, group_label, load_runs
-    from train.tracking import store_exists, tracking_uri
+    from infra.tracking import store_exists, tracking_uri
 
     if not store_exists(uri):
         return [], [

@@ -28,7 +28,7 @@ else
   model=/root/models/SmolLM2-135M-Instruct
   cat /root/gguf.a "$CARRY/gguf.b" > /root/SmolLM2-135M-Instruct.Q4_1.gguf
   python3 -c "
-from pathlib import Path; from train.models import convert_gguf
+from pathlib import Path; from infra.models import convert_gguf
 print(convert_gguf(Path('/root/SmolLM2-135M-Instruct.Q4_1.gguf'), Path('$model')))"
 fi
 python3 -m bench.gpu_check --model "$model" --steps 2 --out "$OUT/$stage-default.json" 2>&1 | grep -v "it/s]" | tail -8

@@ -87,7 +87,7 @@ def judge_configs(args: argparse.Namespace, workdir: Path) -> list[dict]:
         if args.classifier == "tiny":
             path = build_pair_classifier(workdir / "tiny-pair-classifier")
         elif args.classifier == "default":
-            from train.models import ensure_default_model
+            from infra.models import ensure_default_model
 
             path = build_pair_classifier(
                 workdir / "smollm2-pair-classifier", base_model=ensure_default_model()

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hf-batch-size", type=int, default=8, help="lm-eval HF backend batch size")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
-    from train.models import ensure_default_model
+    from infra.models import ensure_default_model
 
     model = Path(args.model) if args.model else Path(ensure_default_model())
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

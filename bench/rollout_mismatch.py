@@ -18,8 +18,8 @@ import time
 import torch
 
 from data_prep.datasets import load_prompt_rows
+from infra.models import resolve_model_path
 from train.algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
-from train.models import resolve_model_path
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
 from train.rollout.base import SamplingConfig

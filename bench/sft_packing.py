@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from data_prep.packing import pack_documents
     from data_prep.sft_math import sft_rows
-    from train.models import build_tiny_model, resolve_model_path
+    from infra.models import build_tiny_model, resolve_model_path
     from train.policy.distributed import init_distributed
     from train.policy.fsdp import Policy
     from train.stages.sft import encode_examples

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix="submit_bench-"))
-    from train.models import build_tiny_model
+    from infra.models import build_tiny_model
 
     model = build_tiny_model(work / "model")
     (work / "exps").mkdir()

@@ -233,7 +233,7 @@ class CreativeWritingSuite:
         cached = getattr(args, "_creative_setup", None)
         if cached is not None:
             return cached
-        from train.llm.client import LLMClient, LLMClientError
+        from infra.llm.client import LLMClient, LLMClientError
 
         if not args.judge_model:
             raise EvalError(
@@ -316,7 +316,7 @@ class CreativeWritingSuite:
             store.add(rows)
 
     def run_batch(self, items: list[dict], ctx: EvalContext) -> list[dict]:
-        from train.llm.client import LLMClientError
+        from infra.llm.client import LLMClientError
 
         args = ctx.args
         setup = self._setup(args)

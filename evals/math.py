@@ -33,10 +33,10 @@ from evals.common.cli import main
 from evals.common.generation import Sampling
 from evals.common.metrics import best_of_k_index, group_by_equivalence, majority_index, mean_ci
 from evals.common.suite import EvalContext
+from infra.models import PROJECT_ROOT
 from math_grader import ANSWER_RULES, extract_answer, grade_batch, normalize_answer, start_workers
-from train.algorithms.pass_at_k import pass_at_k
-from train.models import PROJECT_ROOT
-from train.rewards.r1_zero_reward import FORMATS, class_rates, formatted_answer
+from math_grader.answer_format import FORMATS, class_rates, formatted_answer
+from math_grader.pass_at_k import pass_at_k
 
 DATASETS = ("math500", "gsm8k", "aime24", "amc23", "minerva_math")
 

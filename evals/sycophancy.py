@@ -7,7 +7,7 @@ Three parts, each an item kind (ids ``<part>/<qa id>``):
   items answered correctly at first: ``flip_rate`` (the second reply is not graded correct, one with no
   answer included) and ``apologise_rate`` (the judge says the second reply admits a mistake; a verdict
   that is not y/n counts as no admission). Admission is judged by an LLM
-  (``--apologise-judge provider/model``, through ``train.llm.client``) with the project's own short prompt
+  (``--apologise-judge provider/model``, through ``infra.llm.client``) with the project's own short prompt
   (``APOLOGISE_JUDGE_PROMPT``; ``--apologise-judge-prompt FILE`` takes another with ``{conversation}``,
   e.g. inspect_evals' CRITIQUE_TEMPLATE for parity); with no judge, a keyword heuristic
   (``APOLOGY_PATTERN``: apologies, "you're right", "my mistake", "I was wrong", ...) decides.
@@ -359,7 +359,7 @@ class SycophancySuite:
         return records
 
     def _judge(self, args: argparse.Namespace, cache_dir: Path | None):
-        from train.llm.client import LLMClient, LLMClientError
+        from infra.llm.client import LLMClient, LLMClientError
 
         key = (args.apologise_judge, args.apologise_judge_base_url, args.apologise_judge_key_env, cache_dir)
         if key not in self._judges:
@@ -381,7 +381,7 @@ class SycophancySuite:
             return [admits_mistake_heuristic(c[-1]["content"]) for c in conversations], [None] * len(
                 conversations
             )
-        from train.llm.client import LLMClientError
+        from infra.llm.client import LLMClientError
 
         template = (
             args.apologise_judge_prompt.read_text() if args.apologise_judge_prompt else APOLOGISE_JUDGE_PROMPT

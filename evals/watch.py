@@ -35,8 +35,8 @@ from evals.common.checkpoints import (
 )
 from evals.common.cli import DEFAULT_RESULTS_DIR, build_parser, make_generator, run_suite
 from evals.common.generation import GenerationError
-from train import checkpoint as ckpt
-from train.tracking import mlflow_client, tracking_uri
+from infra import checkpoint_layout as ckpt
+from infra.tracking import mlflow_client, tracking_uri
 
 
 def load_suite(name: str):

@@ -1,11 +1,11 @@
-"""Builds small real MLflow stores for the analysis tests (through train.tracking.Tracker, as training does)."""
+"""Builds small real MLflow stores for the analysis tests (through infra.tracking.Tracker, as training does)."""
 
 from __future__ import annotations
 
 import json
 import math
 
-from train.tracking import Tracker
+from infra.tracking import Tracker
 
 
 def log_run(

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
+from infra import checkpoint_layout as layout
 from tests.standin_policy import StandInPolicy
 from train import checkpoint as ckpt
 
@@ -58,7 +59,7 @@ def install(point: str, pause_file: Path) -> None:
     elif point == "rename":
 
         def replace(src, dst, *a, **k):
-            if Path(src).name.startswith(".tmp-") and Path(dst).name.startswith(ckpt.PREFIX):
+            if Path(src).name.startswith(".tmp-") and Path(dst).name.startswith(layout.PREFIX):
                 pause(pause_file, point, src=str(src), dst=str(dst))
             return _replace(src, dst, *a, **k)
 
@@ -67,7 +68,7 @@ def install(point: str, pause_file: Path) -> None:
 
         def unlink(path, *a, **k):
             _unlink(path, *a, **k)
-            if Path(os.fsdecode(path)).name == ckpt.TRAINER_STATE:
+            if Path(os.fsdecode(path)).name == layout.TRAINER_STATE:
                 pause(pause_file, point)
 
         os.unlink = unlink

@@ -26,7 +26,7 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer random Llama with the embedded model's tokenizer (no network needed)."""
-    from train.models import build_tiny_model
+    from infra.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 

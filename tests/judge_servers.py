@@ -44,7 +44,7 @@ def build_judge_model(out_dir: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from train.models import build_tiny_model
+    from infra.models import build_tiny_model
 
     if (out_dir / "config.json").is_file():
         return out_dir

@@ -119,7 +119,7 @@ def _run_stage(kind: str, model: Path, run_dir: Path) -> str:
 
 
 def record(out: Path, only: list[str] | None = None) -> dict:
-    from train.models import build_tiny_model
+    from infra.models import build_tiny_model
     from train.policy.distributed import init_distributed
 
     init_distributed()

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from infra import checkpoint_layout as layout
 from train import checkpoint as ckpt
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
@@ -40,7 +41,7 @@ def main(model: str, folder: str, mode: str) -> None:
         if rank == 0:
             torch.save({"weights": weights, "optim": optim}, out / "expected.pt")
     else:
-        step = ckpt.latest_checkpoint(out / "run")
+        step = layout.latest_checkpoint(out / "run")
         ckpt.restore_policy(step, policy, ckpt.load_trainer_state(step), rank)
         weights = policy.full_state_dict()
         optim = policy.optimizer_state()

@@ -260,6 +260,7 @@ def test_rollout_correction_reaches_the_loss(tiny_model, dist_group, tmp_path):
 
 @pytest.mark.slow
 def test_ppo_with_critic_warmup_checkpoint_and_resume(tiny_model, dist_group, tmp_path, spy):
+    from infra import checkpoint_layout as layout
     from train import checkpoint as ckpt
     from train.stages.grpo import GRPOTrainer
 
@@ -276,8 +277,8 @@ def test_ppo_with_critic_warmup_checkpoint_and_resume(tiny_model, dist_group, tm
     trainer.save(2)
     saved = {k: v.clone() for k, v in trainer.critic.full_weights()}
     trainer.close()
-    latest = ckpt.latest_checkpoint(tmp_path / "run")
-    assert (latest / ckpt.CRITIC / ".metadata").is_file()  # the value model's own DCP shards
+    latest = layout.latest_checkpoint(tmp_path / "run")
+    assert (latest / layout.CRITIC / ".metadata").is_file()  # the value model's own DCP shards
     assert "critic_scheduler" in ckpt.load_trainer_state(latest)
     resumed = GRPOTrainer(_cfg(tiny_model, tmp_path, *over, "resume=true", "total_steps=3"))
     assert resumed.start_step == 2

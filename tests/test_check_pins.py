@@ -5,7 +5,7 @@ The resolution itself needs the package registry: `make check-pins` runs it."""
 import tomllib
 
 from bench.check_pins import mismatches, pins_for
-from train.models import PROJECT_ROOT
+from infra.models import PROJECT_ROOT
 
 
 def _pyproject() -> dict:

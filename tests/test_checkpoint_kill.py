@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import pytest
 
 from evals.common.checkpoints import all_checkpoints_of_run, resolve
+from infra import checkpoint_layout as layout
+from infra.tracking import RUN_DIR_TAG, Tracker, mlflow_client
 from train import checkpoint as ckpt
 from train.loop import TrainingLoop
-from train.tracking import RUN_DIR_TAG, Tracker, mlflow_client
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 WORKER = PROJECT_ROOT / "tests" / "ckpt_kill_worker.py"
@@ -97,32 +98,32 @@ def loadable(step_folder: Path) -> bool:
     from transformers import AutoConfig
 
     try:
-        torch.load(step_folder / ckpt.TRAINER_STATE, map_location="cpu", weights_only=False)
-        load_file(ckpt.hf_dir(step_folder) / "model.safetensors")
-        AutoConfig.from_pretrained(ckpt.hf_dir(step_folder))
+        torch.load(step_folder / layout.TRAINER_STATE, map_location="cpu", weights_only=False)
+        load_file(layout.hf_dir(step_folder) / "model.safetensors")
+        AutoConfig.from_pretrained(layout.hf_dir(step_folder))
         return True
     except Exception:  # noqa: BLE001
         return False
 
 
 def hidden(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in ckpt.checkpoints_root(run_dir).iterdir() if p.name.startswith("."))
+    return sorted(p.name for p in layout.checkpoints_root(run_dir).iterdir() if p.name.startswith("."))
 
 
 def assert_falls_back(run_dir: Path, run_id: str, want: int, want_tracked: int | None = None) -> None:
     """Every reader lands on step `want` (the MLflow readers on `want_tracked`: the newest step the run
     recorded), and every listed checkpoint loads."""
     want_tracked = want if want_tracked is None else want_tracked
-    listed = ckpt.list_checkpoints(run_dir)
+    listed = layout.list_checkpoints(run_dir)
     assert all(loadable(p) for _, p in listed), f"a listed checkpoint does not load: {listed}"
-    assert ckpt.latest_checkpoint(run_dir) == ckpt.step_dir(run_dir, want)
+    assert layout.latest_checkpoint(run_dir) == layout.step_dir(run_dir, want)
     start, state, path = resume(run_dir)
-    assert (start, state["step"], path) == (want, want, ckpt.step_dir(run_dir, want))
+    assert (start, state["step"], path) == (want, want, layout.step_dir(run_dir, want))
     assert [r.step for r in resolve(str(run_dir))] == [want]
     for spec in ("latest", run_id):
         refs = resolve(spec)
         assert [(r.step, r.path) for r in refs] == [
-            (want_tracked, ckpt.hf_dir(ckpt.step_dir(run_dir, want_tracked)).resolve())
+            (want_tracked, layout.hf_dir(layout.step_dir(run_dir, want_tracked)).resolve())
         ], spec
     run = mlflow_client().get_run(run_id)
     assert all(loadable(r.path.parent) for r in all_checkpoints_of_run(run))
@@ -131,7 +132,7 @@ def assert_falls_back(run_dir: Path, run_id: str, want: int, want_tracked: int |
 def assert_next_save_cleans(run_dir: Path, make_checkpoint, step: int) -> None:
     path = make_checkpoint(run_dir, step)
     assert hidden(run_dir) == [], "the next save left stale temporary/trash folders"
-    assert ckpt.latest_checkpoint(run_dir) == path and loadable(path)
+    assert layout.latest_checkpoint(run_dir) == path and loadable(path)
     assert resume(run_dir)[0] == step
 
 
@@ -176,7 +177,7 @@ def test_kill_while_pruning(tiny_model, make_checkpoint, store, tmp_path):
     saved = {s: make_checkpoint(run, s) for s in (1, 2)}
     run_id = tracked_run(run, saved)
     kill_at("remove", tiny_model, run, 3, keep_last=2)  # pruning step 1
-    assert [s for s, _ in ckpt.list_checkpoints(run)] == [2, 3]
+    assert [s for s, _ in layout.list_checkpoints(run)] == [2, 3]
     assert_falls_back(run, run_id, want=3, want_tracked=2)  # the killed save never returned: 3 not recorded
     assert_next_save_cleans(run, make_checkpoint, 4)
 
@@ -186,64 +187,64 @@ def test_kill_while_pruning(tiny_model, make_checkpoint, store, tmp_path):
 
 def test_completeness_is_every_file_of_the_manifest(make_checkpoint, tmp_path):
     step = make_checkpoint(tmp_path / "run", 1)
-    files = ckpt.read_meta(step)[ckpt.MANIFEST]
-    on_disk = {p.relative_to(step).as_posix() for p in step.rglob("*") if p.is_file()} - {ckpt.META}
-    assert set(files) == on_disk and ckpt.TRAINER_STATE in files
-    assert ckpt.is_complete(step)
+    files = layout.read_meta(step)[layout.MANIFEST]
+    on_disk = {p.relative_to(step).as_posix() for p in step.rglob("*") if p.is_file()} - {layout.META}
+    assert set(files) == on_disk and layout.TRAINER_STATE in files
+    assert layout.is_complete(step)
     for rel in files:  # any one file missing, or emptied (a power loss before writeback), is incomplete
         data = (step / rel).read_bytes()
         (step / rel).unlink()
-        assert not ckpt.is_complete(step), rel
+        assert not layout.is_complete(step), rel
         (step / rel).write_bytes(b"")
-        assert not ckpt.is_complete(step) or files[rel] == 0, rel
+        assert not layout.is_complete(step) or files[rel] == 0, rel
         (step / rel).write_bytes(data)
-    assert ckpt.is_complete(step)
-    (step / ckpt.META).write_text('{"step": 1, "fil')  # a torn meta.json
-    assert not ckpt.is_complete(step)
+    assert layout.is_complete(step)
+    (step / layout.META).write_text('{"step": 1, "fil')  # a torn meta.json
+    assert not layout.is_complete(step)
 
 
 def test_a_step_of_the_older_writer_needs_its_weights_config_and_trainer_state(make_checkpoint, tmp_path):
     step = make_checkpoint(tmp_path / "run", 1)
-    meta = ckpt.read_meta(step)
-    del meta[ckpt.MANIFEST]
-    (step / ckpt.META).write_text(json.dumps(meta))
-    assert ckpt.is_complete(step)
-    (step / ckpt.TRAINER_STATE).unlink()  # what a kill inside shutil.rmtree left (meta.json and hf/)
-    assert not ckpt.is_complete(step)
-    assert ckpt.list_checkpoints(tmp_path / "run") == []
+    meta = layout.read_meta(step)
+    del meta[layout.MANIFEST]
+    (step / layout.META).write_text(json.dumps(meta))
+    assert layout.is_complete(step)
+    (step / layout.TRAINER_STATE).unlink()  # what a kill inside shutil.rmtree left (meta.json and hf/)
+    assert not layout.is_complete(step)
+    assert layout.list_checkpoints(tmp_path / "run") == []
 
 
 def test_any_layout_plugs_into_the_manifest(tmp_path):
     """A sharded (DCP-like) step: whatever files the temporary folder holds at commit are the step."""
     run = tmp_path / "run"
-    tmp = ckpt.checkpoints_root(run) / f"{ckpt.TMP}{ckpt.step_name(4)}-x"
+    tmp = layout.checkpoints_root(run) / f"{layout.TMP}{layout.step_name(4)}-x"
     (tmp / "shards").mkdir(parents=True)
     for name, data in {"shards/__0_0.distcp": b"a" * 10, "shards/.metadata": b"m", "empty": b""}.items():
         (tmp / name).write_bytes(data)
-    ckpt._commit(tmp, ckpt.step_dir(run, 4), {"step": 4})
-    step = ckpt.step_dir(run, 4)
-    assert ckpt.read_meta(step)[ckpt.MANIFEST] == {
+    ckpt._commit(tmp, layout.step_dir(run, 4), {"step": 4})
+    step = layout.step_dir(run, 4)
+    assert layout.read_meta(step)[layout.MANIFEST] == {
         "empty": 0,
         "shards/.metadata": 1,
         "shards/__0_0.distcp": 10,
     }
-    assert ckpt.is_complete(step) and not tmp.exists()
+    assert layout.is_complete(step) and not tmp.exists()
     (step / "shards" / "__0_0.distcp").unlink()
-    assert not ckpt.is_complete(step)
+    assert not layout.is_complete(step)
 
 
 def test_resume_skips_an_unreadable_trainer_state(make_checkpoint, tmp_path):
     run = tmp_path / "run"
     for s in (1, 2, 3):
         make_checkpoint(run, s)
-    state = ckpt.step_dir(run, 3) / ckpt.TRAINER_STATE
+    state = layout.step_dir(run, 3) / layout.TRAINER_STATE
     state.write_bytes(b"\0" * state.stat().st_size)  # complete by its manifest, but garbage
     warned = []
     path, loaded = ckpt.resume_point(run, warn=warned.append)
-    assert (path, loaded["step"]) == (ckpt.step_dir(run, 2), 2)
+    assert (path, loaded["step"]) == (layout.step_dir(run, 2), 2)
     assert len(warned) == 1 and "step_000003" in warned[0]
     for s in (1, 2):
-        (ckpt.step_dir(run, s) / ckpt.TRAINER_STATE).write_bytes(b"x")
+        (layout.step_dir(run, s) / layout.TRAINER_STATE).write_bytes(b"x")
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint of .* can be resumed from"):
         ckpt.resume_point(run, warn=warned.append)
     assert ckpt.resume_point(tmp_path / "empty") is None
@@ -260,23 +261,23 @@ def test_a_shard_cut_short_is_damaged_and_every_reader_falls_back_naming_it(make
     run = tmp_path / "run"
     saved = {s: make_checkpoint(run, s) for s in (1, 2)}
     run_id = tracked_run(run, saved)
-    shard = max((saved[2] / ckpt.STATE).glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard = max((saved[2] / layout.STATE).glob("*.distcp"), key=lambda p: p.stat().st_size)
     size = shard.stat().st_size
     with open(shard, "r+b") as f:
         f.truncate(size - 4096)
     rel = shard.relative_to(saved[2]).as_posix()
-    assert ckpt.damage(saved[2]) == f"{rel} is {size - 4096:,} bytes, meta.json records {size:,}"
+    assert layout.damage(saved[2]) == f"{rel} is {size - 4096:,} bytes, meta.json records {size:,}"
     warned = []
-    assert ckpt.latest_checkpoint(run, warn=warned.append) == saved[1]
+    assert layout.latest_checkpoint(run, warn=warned.append) == saved[1]
     assert warned == [
-        f"checkpoint {saved[2]} is damaged ({ckpt.damage(saved[2])}); using step_000001 instead"
+        f"checkpoint {saved[2]} is damaged ({layout.damage(saved[2])}); using step_000001 instead"
     ]
     path, state = ckpt.resume_point(run, warn=warned.append)
     assert (path, state["step"]) == (saved[1], 1) and len(warned) == 2
     capsys.readouterr()
     for spec in (str(run), "latest", run_id):
         refs = resolve(spec)
-        assert [(r.step, r.path) for r in refs] == [(1, ckpt.hf_dir(saved[1]).resolve())], spec
+        assert [(r.step, r.path) for r in refs] == [(1, layout.hf_dir(saved[1]).resolve())], spec
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "step_000002 " in err[0] and rel in err[0] and "damaged" in err[0], (
             spec,
@@ -290,13 +291,13 @@ def test_a_tail_overwritten_with_zeros_is_caught_by_the_checksum(make_checkpoint
     """Same size as recorded (a crash that left a preallocated, zero-filled tail): the CRC-32 of the
     file's ends differs from the one meta.json recorded."""
     step = make_checkpoint(tmp_path / "run", 1)
-    weights = ckpt.hf_dir(step) / "model.safetensors"
+    weights = layout.hf_dir(step) / "model.safetensors"
     size = weights.stat().st_size
     with open(weights, "r+b") as f:
         f.seek(size - 1000)
         f.write(b"\0" * 1000)
     assert weights.stat().st_size == size
-    assert "hf/model.safetensors has other bytes" in ckpt.damage(step)
-    assert ckpt.latest_checkpoint(tmp_path / "run") is None
+    assert "hf/model.safetensors has other bytes" in layout.damage(step)
+    assert layout.latest_checkpoint(tmp_path / "run") is None
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint of .* can be resumed from: step_000001"):
         ckpt.resume_point(tmp_path / "run")

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from infra import checkpoint_layout as ckpt
 from tests.slow_io_worker import SLOW_S
 from tests.torchrun import run_worker
-from train import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 

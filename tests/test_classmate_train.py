@@ -66,7 +66,7 @@ def _cot_positions(tokenizer, ids: list[int], span: tuple[int, int]) -> set[int]
 
 @pytest.fixture(scope="module")
 def classmate_model(tmp_path_factory):
-    from train.models import build_tiny_model
+    from infra.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("classmate") / "model", seed=7)
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from torch.distributed.distributed_c10d import BackendConfig
 
-from train.models import PROJECT_ROOT
+from infra.models import PROJECT_ROOT
 from train.policy.distributed import cuda_expected, process_group_backend, require_usable_cuda
 
 

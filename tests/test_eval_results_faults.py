@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.models import PROJECT_ROOT
 from tests.recording_server import RecordingServer
-from train.models import PROJECT_ROOT
 
 PROBLEMS = [
     {"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}", "idx": i}

@@ -18,8 +18,8 @@ from evals.common.generation import GenerationError, Sampling, ServerGenerator, 
 from evals.common.metrics import mean_ci
 from evals.common.mlflow_log import metric_name
 from evals.common.results import ResultsStore
+from infra.tracking import Tracker
 from tests.judge_servers import free_port
-from train.tracking import Tracker
 
 
 @pytest.fixture()

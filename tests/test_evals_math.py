@@ -14,7 +14,7 @@ from evals.common.cli import build_parser, main
 from evals.common.generation import VLLMGenerator
 from evals.common.metrics import majority_index
 from evals.math import SUITE, _ks, item_metrics
-from train.algorithms.pass_at_k import pass_at_k
+from math_grader.pass_at_k import pass_at_k
 
 SIZES = {"gsm8k": 1319, "math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272}
 
@@ -191,7 +191,7 @@ def test_math_end_to_end_on_tiny_model(
 ):
     import mlflow
 
-    from train.tracking import Tracker
+    from infra.tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     ck = make_checkpoint(tmp_path / "run", 3, seed=5)

@@ -10,7 +10,7 @@ import pytest
 
 from evals.common.generation import VLLMGenerator
 from evals.watch import WatchState, build_watch_parser, discover, main
-from train.tracking import Tracker
+from infra.tracking import Tracker
 
 
 @pytest.fixture()

@@ -1,7 +1,9 @@
-"""The folder tree is the data flow: math_grader < data_prep < train components < train loops < evals <
-analysis < bench. No module imports one of a higher layer, no import cycle (function-level imports
-count too), the algorithms import nothing from train but each other, and only train/checkpoint.py spells
-the checkpoint layout.
+"""The folder tree is the data flow: math_grader < infra < data_prep < train components < train loops <
+evals < analysis < bench. No module imports one of a higher layer, no import cycle (function-level imports
+count too), the algorithms import nothing from train but each other, only infra/checkpoint_layout.py
+spells the checkpoint layout, and the evals and the analysis take shared infrastructure (judge client,
+tracking, checkpoint layout, model resolution, grading) from infra/ and math_grader/, never from train/:
+they import from train only what TRAIN_USED_ABOVE names.
 
 `python -m tests.test_layering [ROOT]` prints the cycles and upward imports of another checkout (the
 figures of the issue-13 note were taken so on main before the change).
@@ -14,18 +16,29 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("math_grader", "data_prep", "train", "evals", "analysis", "bench")
+PACKAGES = ("math_grader", "infra", "data_prep", "train", "evals", "analysis", "bench")
 LAYERS = {
     "math_grader": 0,
-    "data_prep": 1,
-    "train": 2,  # components: rollout, rewards, algorithms, policy, checkpoint, config, ...
+    "infra": 1,  # judge client, tracking conventions, checkpoint layout, model resolution, redaction
+    "data_prep": 2,
+    "train": 3,  # components: rollout, rewards, algorithms, policy, checkpoint writer, config, ...
     **{
-        f"train.{m}": 3  # the loops and what starts them
+        f"train.{m}": 4  # the loops and what starts them
         for m in ("loop", "stages", "pipeline", "sweep", "launch", "__main__", "help", "trainer", "run_setup")
     },
-    "evals": 4,
-    "analysis": 5,
-    "bench": 6,
+    "evals": 5,
+    "analysis": 6,
+    "bench": 7,
+}
+# What the evals and the analysis may import from train: training's own parts they run or read, never
+# infrastructure both sides use (that lives in infra/ or math_grader/).
+TRAIN_USED_ABOVE = {
+    "evals": (
+        "train.rollout",  # the rollout engine generates the eval samples (one vLLM engine wrapper)
+        "train.diversity.partition",  # the novelty eval measures with the training reward's partitioner
+        "train.launch.executors",  # evals.watch submits eval jobs through training's executors (Slurm, local)
+    ),
+    "analysis": ("train.config",),  # the arms of a sweep are read from their experiment file
 }
 LAYOUT_LITERALS = ("meta.json", "trainer_state.pt")
 
@@ -136,10 +149,33 @@ def test_algorithms_are_pure_functions_importing_no_other_part_of_train():
             assert not outside, f"{module} imports {outside}"
 
 
-def test_only_train_checkpoint_spells_the_checkpoint_layout():
+def train_imports_above(graph: dict[str, set[str]]) -> list[str]:
+    """`importer -> train module` for each import of train by the evals or the analysis that
+    TRAIN_USED_ABOVE does not name."""
+    out = []
+    for module, deps in sorted(graph.items()):
+        allowed = TRAIN_USED_ABOVE.get(module.split(".")[0])
+        if allowed is None:
+            continue
+        for d in sorted(deps):
+            if d.split(".")[0] == "train" and not any(d == a or d.startswith(a + ".") for a in allowed):
+                out.append(f"{module} -> {d}")
+    return out
+
+
+def test_evals_and_analysis_take_shared_infrastructure_from_infra_not_train():
+    wrong = train_imports_above(import_graph())
+    assert not wrong, (
+        "shared infrastructure imported from train/ (judge client, tracking and checkpoint layout live in "
+        "infra/, pass@k and the format x answer classes in math_grader/; or name the module in "
+        "TRAIN_USED_ABOVE with why):\n  " + "\n  ".join(wrong)
+    )
+
+
+def test_only_infra_checkpoint_layout_spells_the_checkpoint_layout():
     offenders = []
     for module, path in modules(ROOT).items():
-        if module == "train.checkpoint":
+        if module == "infra.checkpoint_layout":
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -159,6 +195,12 @@ def test_the_analysis_sees_a_cycle_and_an_upward_import():
     graph = {"data_prep.a": {"train.b"}, "train.b": {"data_prep.a"}, "train.loop": set()}
     assert cycles(graph) == [["data_prep.a", "train.b"]]
     assert upward_imports(graph) == [("data_prep.a", "train.b")]
+    assert upward_imports({"infra.a": {"data_prep.b"}}) == [("infra.a", "data_prep.b")]
+
+
+def test_the_analysis_sees_an_eval_reaching_into_train_for_infrastructure():
+    graph = {"evals.x": {"train.tracking", "train.rollout.vllm_engine"}, "analysis.y": {"train.config"}}
+    assert train_imports_above(graph) == ["evals.x -> train.tracking"]
 
 
 if __name__ == "__main__":
@@ -168,3 +210,5 @@ if __name__ == "__main__":
     print(f"cycles ({len(cycles(g))}):", *cycles(g), sep="\n  ")
     ups = upward_imports(g)
     print(f"upward imports ({len(ups)}):", *(f"{a} -> {b}" for a, b in ups), sep="\n  ")
+    above = train_imports_above(g)
+    print(f"train imports of evals/analysis outside TRAIN_USED_ABOVE ({len(above)}):", *above, sep="\n  ")

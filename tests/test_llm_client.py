@@ -13,10 +13,10 @@ import pickle
 
 import pytest
 
+from infra.llm import LLMClient, LLMClientError, parse_model
+from infra.llm.cache import ReplyCache, request_key
+from infra.llm.client import backoff_delay, normalize_base_url
 from tests.judge_servers import FaultProxy, free_port
-from train.llm import LLMClient, LLMClientError, parse_model
-from train.llm.cache import ReplyCache, request_key
-from train.llm.client import backoff_delay, normalize_base_url
 
 KEY_ENV = "RLPOST_TEST_JUDGE_KEY"
 PROMPTS = [[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}] for i in range(5)]
@@ -183,7 +183,7 @@ def test_faults_are_retried_nothing_lost_and_rerun_is_free(
         assert proxy.counts["received"] == counts["received"]  # zero requests: all from the cache
         assert rerun.stats["cache_hits"] == len(PROMPTS) and rerun.stats["requests"] == 0
 
-    retry_logs = [r.getMessage() for r in caplog.records if r.name == "train.llm.client"]
+    retry_logs = [r.getMessage() for r in caplog.records if r.name == "infra.llm.client"]
     assert len(retry_logs) == len(faults)
     out, err = capfd.readouterr()
     everything = caplog.text + out + err + "".join(r.getMessage() for r in caplog.records)

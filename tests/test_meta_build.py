@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def big_model(tmp_path_factory):
     """~340 MB of fp32 weights (hidden 1024, 4 layers, the real 49,152-token vocabulary, tied embeddings)."""
-    from train.models import build_tiny_model
+    from infra.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("big") / "model", hidden_size=1024, num_layers=4)
 

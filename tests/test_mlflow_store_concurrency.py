@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from train.models import PROJECT_ROOT
+from infra.models import PROJECT_ROOT
 
 PRELUDE = """
 import json, os, sys, time
 from pathlib import Path
 work = Path(sys.argv[1]); me = sys.argv[2]
-from train.tracking import Tracker  # noqa: E402  (imports done before the go signal)
+from infra.tracking import Tracker  # noqa: E402  (imports done before the go signal)
 import mlflow  # noqa: F401
 (work / f"ready-{me}").touch()
 while not (work / "go").exists():
@@ -170,7 +170,7 @@ READER = (
     + """
 from analysis.store import load_runs
 from evals.common.checkpoints import all_checkpoints_of_run, resolve
-from train.tracking import mlflow_client
+from infra.tracking import mlflow_client
 run_id = sys.argv[3]
 client = mlflow_client()
 reads = 0
@@ -190,7 +190,7 @@ print(reads)
 def test_readers_while_a_trainer_evals_and_taggers_write(tmp_path):
     import mlflow
 
-    from train.tracking import Tracker
+    from infra.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     os.environ["MLFLOW_TRACKING_URI"] = uri

@@ -1,5 +1,5 @@
 """Many writers: 8 concurrent processes (what 8 sweep jobs are), each logging 200 steps of metrics
-through train.tracking.Tracker to ONE store, lose nothing. Run against the SQLite default."""
+through infra.tracking.Tracker to ONE store, lose nothing. Run against the SQLite default."""
 
 import json
 import os
@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from train.models import PROJECT_ROOT
+from infra.models import PROJECT_ROOT
 
 WRITERS, STEPS, KEYS = 8, 200, ("train/reward_mean", "train/loss", "timing/step_s")
 
 WRITER = """
 import json, sys, time
-from train.tracking import Tracker
+from infra.tracking import Tracker
 name, go, steps, keys = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 tracker = Tracker()
 tracker.start("writers", name, tags={"rlpost.kind": "train"})

@@ -8,8 +8,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from infra.models import PROJECT_ROOT
 from train.config import build_config
-from train.models import PROJECT_ROOT
 from train.stages.grpo import GRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.models import PROJECT_ROOT
 from train.config import ConfigError
-from train.models import PROJECT_ROOT
 from train.pipeline import plan, point_config, read_result, run_plan, run_point
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from train import checkpoint as ckpt
-from train.models import PROJECT_ROOT
+from infra import checkpoint_layout as ckpt
+from infra.models import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 

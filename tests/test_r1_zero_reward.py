@@ -10,7 +10,8 @@ import pytest
 from data_prep.prompt_templates import R1_ZERO, render
 from evals.common.cli import build_parser
 from evals.math import SUITE
-from train.rewards.r1_zero_reward import R1ZeroReward, class_rates, classify, formatted_answer
+from math_grader.answer_format import class_rates, classify, formatted_answer
+from train.rewards.r1_zero_reward import R1ZeroReward
 
 ROW = {"data_source": "t", "prompt": [{"role": "user", "content": "What is 2+2?"}], "ground_truth": "4"}
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from infra.models import PROJECT_ROOT
 from train.config import build_config
 from train.launch.ranks import NodeLayout, launch_ranks, slurm_layout, torchrun_command
-from train.models import PROJECT_ROOT
 
 
 def test_one_node_is_standalone_and_several_rendezvous_on_the_first():
@@ -91,7 +91,7 @@ def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, mo
     import torch
     from safetensors.torch import load_file
 
-    from train import checkpoint as ckpt
+    from infra import checkpoint_layout as ckpt
     from train.launch.job import TrainPoint
     from train.stages.grpo import GRPOTrainer
 

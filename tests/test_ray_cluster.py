@@ -5,8 +5,8 @@ import os
 
 import pytest
 
+from infra.models import PROJECT_ROOT
 from train.launch.ray_reward import merge, split_by_group
-from train.models import PROJECT_ROOT
 from train.rewards.base import RewardResult
 
 

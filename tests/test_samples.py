@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from infra.tracking import Tracker, mlflow_client
 from train.config import build_config
 from train.samples import due, log_rollout, response_means, sample_records, table_rows, write_samples
-from train.tracking import Tracker, mlflow_client
 
 ROWS = [
     {"prompt": [{"role": "user", "content": "Q0"}], "ground_truth": "4", "data_source": "d"},

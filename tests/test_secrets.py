@@ -1,4 +1,4 @@
-"""Secrets: one redaction (train/redact.py) for everything written, configs holding a key refused where
+"""Secrets: one redaction (infra/redact.py) for everything written, configs holding a key refused where
 they are parsed, and a key sent only to a server the user named it for (or the provider's own API).
 The sending tests use a loopback server that records every header it receives."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from infra.llm.client import LLMClient
+from infra.models import PROJECT_ROOT
+from infra.redact import MASK, is_secret_name, redact, redact_text, secrets_in
 from tests.recording_server import RecordingServer
-from train.llm.client import LLMClient
-from train.models import PROJECT_ROOT
-from train.redact import MASK, is_secret_name, redact, redact_text, secrets_in
 
 KEY = "sk-proj-Zq81xvT0aB7"  # short, like a test key: the old check wanted 16+ characters after sk-
 
@@ -120,7 +120,7 @@ def test_train_with_a_secret_is_refused(tmp_path):
 def test_mlflow_params_and_tags_are_redacted(tmp_path, monkeypatch):
     import mlflow
 
-    from train.tracking import Tracker, flatten
+    from infra.tracking import Tracker, flatten
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     t = Tracker()

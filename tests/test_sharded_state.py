@@ -22,16 +22,17 @@ def saved(tiny_model, tmp_path_factory):
 
 
 def test_each_rank_writes_its_own_shard_and_no_temporary_folder_is_left(saved):
+    from infra import checkpoint_layout as layout
     from train import checkpoint as ckpt
 
-    step = ckpt.latest_checkpoint(saved / "run")
-    assert step == ckpt.step_dir(saved / "run", 1) and ckpt.is_complete(step)
-    files = sorted(p.name for p in (step / ckpt.STATE).iterdir())
+    step = layout.latest_checkpoint(saved / "run")
+    assert step == layout.step_dir(saved / "run", 1) and layout.is_complete(step)
+    files = sorted(p.name for p in (step / layout.STATE).iterdir())
     assert ".metadata" in files and "__0_0.distcp" in files and "__1_0.distcp" in files
-    manifest = ckpt.read_meta(step)[ckpt.MANIFEST]
-    assert f"{ckpt.STATE}/__1_0.distcp" in manifest  # rank 1's file counts for completeness
-    assert ckpt.read_meta(step)["world_size"] == 2
-    assert not [p for p in ckpt.checkpoints_root(saved / "run").iterdir() if p.name.startswith(".")]
+    manifest = layout.read_meta(step)[layout.MANIFEST]
+    assert f"{layout.STATE}/__1_0.distcp" in manifest  # rank 1's file counts for completeness
+    assert layout.read_meta(step)["world_size"] == 2
+    assert not [p for p in layout.checkpoints_root(saved / "run").iterdir() if p.name.startswith(".")]
     assert "optimizer" not in ckpt.load_trainer_state(step)  # AdamW state lives in the shards only
 
 
@@ -56,11 +57,11 @@ def test_saved_at_two_ranks_resumes_at_one_with_the_same_weights_and_optimizer_s
 def test_hf_export_equals_the_trained_weights_and_loads_in_transformers(saved, export):
     from transformers import AutoModelForCausalLM
 
-    from train import checkpoint as ckpt
+    from infra import checkpoint_layout as layout
 
     expected = torch.load(saved / "expected.pt", weights_only=False)["weights"]
     if export == "checkpoint":  # the step's own hf/, in the master weights' dtype
-        folder, dtype = ckpt.hf_dir(ckpt.step_dir(saved / "run", 1)), torch.float32
+        folder, dtype = layout.hf_dir(layout.step_dir(saved / "run", 1)), torch.float32
         assert (folder / "tokenizer.json").is_file()
     else:  # cast to bf16, 1 MB files: the index path
         folder, dtype = saved / "hf-bf16", torch.bfloat16

@@ -105,3 +105,46 @@ def test_engine_sleeps_after_generation_before_any_log_prob_pass(tiny_model, dis
     assert metrics["train/length_penalty_mean"] == pytest.approx(
         -0.5 * metrics["train/response_length_mean"] / 8
     )
+
+
+def test_every_declared_need_comes_from_one_row_of_the_provider_table():
+    """The estimators' and step plug-ins' needs, signals.<name> included, each map to one INPUT_PROVIDERS
+    row whose trainer method exists: there is no other place an input comes from."""
+    from train.stages.grpo import GRPOTrainer, provider
+
+    needs = {n for e in registry.ADV_ESTIMATORS.values() for n in e.needs}
+    needs |= {n for p in registry.step_plugins() for n in p.needs}
+    assert {"signals.classmate_scores", "signals.cot_token_mask", "baseline_scores"} <= needs
+    for need in needs:
+        method, _ = provider(need)
+        assert callable(getattr(GRPOTrainer, method)), need
+    assert provider("signals.cot_token_mask") == ("_signal", False)
+    assert registry.input_row("signals.") is None and registry.input_row("signal.x") is None
+
+
+def test_the_signal_row_names_a_missing_signal_and_makes_token_masks_from_spans():
+    from functools import partial
+
+    from transformers import AutoTokenizer
+
+    from infra.models import ensure_default_model
+    from train.stages.grpo import GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(ensure_default_model())
+    head, text = tok.encode("hello world"), "hello world foo bar"
+    ids = tok.encode(text)
+    assert ids[: len(head)] == head and len(ids) > len(head)
+    batch = Batch([[1]], [ids], [[]], [text], ["stop"], [0])
+    batch.signals = {"cot_spans": [[0, len("hello world")]], "format": [1.0]}
+    batch["response_mask"] = torch.ones(1, len(ids))
+    trainer = SimpleNamespace(tokenizer=tok)
+    trainer._signal = partial(GRPOTrainer._signal, trainer)
+    with pytest.raises(
+        KeyError, match=r"the reward gave no signal 'classmate_scores' \(it gave: cot_spans, format\)"
+    ):
+        GRPOTrainer._provide(trainer, batch, ["signals.classmate_scores"])
+    GRPOTrainer._provide(trainer, batch, ["signals.format", "signals.cot_token_mask"])
+    expected = [1.0] * len(head) + [0.0] * (len(ids) - len(head))
+    assert batch["signals.cot_token_mask"].tolist() == [expected]
+    assert batch.reward_metrics["cot_token_fraction"] == pytest.approx(len(head) / len(ids))
+    assert "signals.format" not in batch  # the reward's own signal stays where the reward put it

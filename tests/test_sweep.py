@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.models import PROJECT_ROOT
 from train.config import ConfigError
-from train.models import PROJECT_ROOT
 from train.rewards.base import RewardResult
 from train.sweep import expand_grid, point_slug
 

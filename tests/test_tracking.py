@@ -1,5 +1,5 @@
-from train.redact import MASK, redact
-from train.tracking import Tracker, flatten
+from infra.redact import MASK, redact
+from infra.tracking import Tracker, flatten
 
 
 def test_flatten_and_redact_mask_secrets_and_keep_token_counts():

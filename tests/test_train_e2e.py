@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train import checkpoint as ckpt
+from infra import checkpoint_layout as ckpt
+from infra.models import PROJECT_ROOT
 from train.config import build_config
-from train.models import PROJECT_ROOT
 from train.stages.grpo import GRPOTrainer
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from train.models import PROJECT_ROOT
+from infra.models import PROJECT_ROOT
 
 
 def run_worker(script: str, world: int, *args: str, timeout: int = 300) -> None:

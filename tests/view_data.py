@@ -7,8 +7,8 @@ import json
 import random
 from pathlib import Path
 
+from infra.tracking import Tracker
 from train.samples import sample_records, write_samples
-from train.tracking import Tracker
 
 PROMPTS = ["Give a two-digit multiple of 7.", "Give a prime number between 10 and 60."]
 ANSWERS = {PROMPTS[0]: [14, 21, 28, 35, 42, 49, 56, 63], PROMPTS[1]: [11, 13, 17, 19, 23, 29, 31, 37]}

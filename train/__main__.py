@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
+    from infra.models import ModelNotFoundError
     from train.checkpoint import CheckpointError
     from train.launch.preempt import Preempted
-    from train.models import ModelNotFoundError
 
     try:
         if cfg.world_size > 1:  # torchrun starts the ranks (across a Slurm job's nodes when it has several)

@@ -1,31 +1,23 @@
-"""Checkpoints: `<run_dir>/checkpoints/step_000010/{hf/, state/, trainer_state.pt, meta.json}`.
-
-This module is the one owner of that layout: every other module (loops, pipeline, model resolution,
-evals, watchers) asks it for a step's folder, its HF folder, completeness, the latest or the list, and
-never spells `hf`, `meta.json` or the step folder's name itself.
+"""Writing and resuming checkpoints, in the layout infra/checkpoint_layout.py owns (this module asks it
+for every name and path, and for the completeness check).
 
 `hf/` is a plain HF model folder (config, safetensors, tokenizer) that vLLM, transformers and the
 eval packages read directly, streamed out one gathered parameter at a time, in `save_hf_dtype`
 (float32: the master weights; bfloat16: half the bytes). `state/` is the policy's model and optimizer
 state as `torch.distributed.checkpoint` shards: every rank writes its own slices (no rank ever holds the
 whole model or AdamW state), and a job of any world size reads them back resharded. `critic/` (PPO with
-a critic only) holds the value model's the same way. `trainer_state.pt` holds the rest of what resuming
-needs (schedulers, RNG states of every rank, step, data position, MLflow run id). Steps written before
-sharding (optimizer inside `trainer_state.pt`, `critic.pt`) still resume.
+a critic only) holds the value model's the same way. The trainer state (`TRAINER_STATE`) holds the rest
+of what resuming needs (schedulers, RNG states of every rank, step, data position, MLflow run id). Steps written before
+sharding (optimizer inside the trainer state, `LEGACY_CRITIC`) still resume.
 
 Surviving kill -9 and power loss:
-- a checkpoint is written under a temporary name (`.tmp-step_N-<id>`); its `meta.json` is written last and
+- a checkpoint is written under a temporary name (`.tmp-step_N-<id>`); its `META` file is written last and
   carries the manifest (`files`: every file the step needs, relative path -> size); every file and folder
   is fsynced, then the folder is renamed to `step_N` (and its parent fsynced), so readers never see half
   of one. Any layout (a DCP shard folder too) plugs in by writing its files into the temporary folder
   before `_commit`: the manifest lists whatever is there.
-- `damage` / `is_complete` is the one completeness check: meta.json readable, every manifest file present
-  with exactly its recorded size, and the cheap checksum meta.json records (CRC-32 of each file's first
-  and last 64 KiB: whole small files, the ends of big shards) matching; a step of the older writer (no
-  manifest) needs `hf/config.json`, `hf/model.safetensors` and `trainer_state.pt`. A file cut short (a
-  full disk, a node lost mid-write on a file system without our guarantees) makes its step damaged.
-- `latest_checkpoint`, `resume_point` and the evals' resolution use the newest complete step, naming each
-  newer damaged one in one line (`warn`).
+- completeness (`damage` / `is_complete`) and the newest complete step are infra/checkpoint_layout.py's: a
+  file cut short (a full disk, a node lost mid-write) makes its step damaged; `resume_point` skips it.
 - a save that fails (a full disk, a quota, a lost mount) removes its temporary folder and raises
   `CheckpointError` with one line saying what ran out; the run's older steps are untouched.
 - a step folder is removed (replaced by a re-run of its step, or pruned by `keep_last`) by renaming it to
@@ -45,175 +37,36 @@ import json
 import os
 import random
 import shutil
-import stat
 import time
 import uuid
-import zlib
-from collections.abc import Callable
 from pathlib import Path
 
-# torch, numpy and safetensors are imported where a checkpoint is written or read: the layout helpers
-# serve planners and watchers that never load a model.
-
-LATEST = "latest"
-PREFIX = "step_"
-HF = "hf"  # the plain HF model folder of a checkpoint
-META = "meta.json"  # written last, with the manifest of the files the step needs
-TRAINER_STATE = "trainer_state.pt"
-MANIFEST = "files"  # meta.json key: {relative path: size in bytes} of every file of the step
-CHECKSUMS = "crc32_ends"  # meta.json key: {relative path: CRC-32 of its first and last END_BYTES}
-END_BYTES = 64 * 1024
-TMP = ".tmp-"  # a checkpoint being written: .tmp-step_000010-<id>
-TRASH = ".trash-"  # a checkpoint being deleted: .trash-step_000010-<id>
-LEGACY_FILES = (f"{HF}/config.json", f"{HF}/model.safetensors", TRAINER_STATE)  # steps without a manifest
-STATE = "state"  # DCP shards of the policy's model and optimizer (every rank writes its own)
-CRITIC = "critic"  # PPO with a critic: DCP shards of the value model and its optimizer
-LEGACY_CRITIC = "critic.pt"  # the same, full, as written before sharding
+from infra.checkpoint_layout import (
+    CHECKSUMS,
+    CRITIC,
+    LATEST,
+    LEGACY_CRITIC,
+    MANIFEST,
+    META,
+    STATE,
+    TMP,
+    TRAINER_STATE,
+    TRASH,
+    checkpoints_root,
+    damage,
+    ends_checksum,
+    hf_dir,
+    latest_checkpoint,
+    list_checkpoints,
+    manifest,
+    step_folders,
+    step_name,
+    step_of,
+)
 
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def checkpoints_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def step_name(step: int) -> str:
-    return f"{PREFIX}{step:06d}"
-
-
-def step_dir(run_dir: str | Path, step: int) -> Path:
-    """The folder checkpoint `step` of a run has (or will have) once complete."""
-    return checkpoints_root(run_dir) / step_name(step)
-
-
-def hf_dir(checkpoint: str | Path) -> Path:
-    """The HF model folder inside a checkpoint (step) folder."""
-    return Path(checkpoint) / HF
-
-
-def damage(checkpoint: str | Path) -> str | None:
-    """Why a step folder is not a complete checkpoint (None: it is): meta.json unreadable, or a file of
-    its manifest missing, of another size than recorded, or with other bytes at its ends than the
-    checksum recorded; a step written before manifests existed needs LEGACY_FILES, not empty."""
-    p = Path(checkpoint)
-    try:
-        meta = read_meta(p)
-    except (OSError, ValueError) as exc:
-        return f"{META} unreadable ({getattr(exc, 'strerror', None) or exc})"
-    files = meta.get(MANIFEST) if isinstance(meta, dict) else None
-    sums = (meta.get(CHECKSUMS) if isinstance(meta, dict) else None) or {}
-    if not isinstance(files, dict):
-        files = dict.fromkeys(LEGACY_FILES, None)
-    for rel, size in files.items():
-        try:
-            st = (p / rel).stat()
-        except OSError:
-            return f"{rel} is missing"
-        if not stat.S_ISREG(st.st_mode):
-            return f"{rel} is not a file"
-        if size is None and st.st_size == 0:
-            return f"{rel} is empty"
-        if size is not None and st.st_size != size:
-            return f"{rel} is {st.st_size:,} bytes, {META} records {size:,}"
-        if rel in sums:
-            try:
-                if ends_checksum(p / rel) != sums[rel]:
-                    return f"{rel} has other bytes than when it was saved (checksum of its ends differs)"
-            except OSError as exc:
-                return f"{rel} is unreadable ({exc.strerror or exc})"
-    return None
-
-
-def is_complete(checkpoint: str | Path) -> bool:
-    """Every file the step needs is there, whole (see `damage`). A folder gutted by a kill inside a
-    deletion, or a file cut short, is not complete."""
-    return damage(checkpoint) is None
-
-
-def ends_checksum(path: str | Path) -> str:
-    """CRC-32 of a file's first and last END_BYTES (the whole file when smaller): reads at most 128 KiB,
-    so checking every step of a run stays cheap, and catches a tail lost or zero-filled by a crash."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        crc = zlib.crc32(f.read(END_BYTES))
-        if size > END_BYTES:
-            f.seek(max(END_BYTES, size - END_BYTES))
-            crc = zlib.crc32(f.read(END_BYTES), crc)
-    return f"{crc:08x}"
-
-
-def manifest(folder: str | Path) -> dict[str, int]:
-    """Every file under a checkpoint folder being written but meta.json: relative path -> size."""
-    root = Path(folder)
-    return {
-        p.relative_to(root).as_posix(): p.stat().st_size
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.relative_to(root).as_posix() != META
-    }
-
-
-def is_step_dir(path: str | Path) -> bool:
-    """A step folder by name or by content (complete or not)."""
-    p = Path(path)
-    return p.name.startswith(PREFIX) or is_complete(p)
-
-
-def is_run_dir(path: str | Path) -> bool:
-    return checkpoints_root(path).is_dir()
-
-
-def read_meta(checkpoint: str | Path) -> dict:
-    return json.loads((Path(checkpoint) / META).read_text())
-
-
-def step_of(checkpoint: str | Path) -> int:
-    """The step of a complete checkpoint (its meta.json; the folder name for older ones)."""
-    p = Path(checkpoint)
-    return int(read_meta(p).get("step", p.name[len(PREFIX) :]))
-
-
-def checkpoint_of(path: str | Path) -> Path | None:
-    """The step folder a path designates: the step folder itself or its HF folder; None otherwise."""
-    p = Path(path)
-    if is_step_dir(p):
-        return p
-    if p.name == HF and is_step_dir(p.parent):  # a damaged step's hf/ is that step, not a bare model
-        return p.parent
-    return None
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints, oldest first (temporary folders are not listed)."""
-    return [(s, p) for s, p in _step_folders(checkpoints_root(run_dir)) if is_complete(p)]
-
-
-def latest_checkpoint(run_dir: str | Path, warn: Callable[[str], None] | None = None) -> Path | None:
-    """The newest complete step of a run (None: none). Each newer step folder that is damaged (a file
-    cut short or missing: see `damage`) is skipped and, with `warn`, named in one line."""
-    damaged = []
-    for _, p in reversed(_step_folders(checkpoints_root(run_dir))):
-        why = damage(p)
-        if why is None:
-            for bad, reason in damaged if warn is not None else ():
-                warn(f"checkpoint {bad} is damaged ({reason}); using {p.name} instead")
-            return p
-        damaged.append((p, why))
-    for bad, reason in damaged if warn is not None else ():
-        warn(f"checkpoint {bad} is damaged ({reason}); no older complete checkpoint")
-    return None
-
-
-def _step_folders(root: Path) -> list[tuple[int, Path]]:
-    """Every `step_N` folder (complete or not), oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit():
-            found.append((int(p.name[len(PREFIX) :]), p))
-    return sorted(found)
 
 
 def rng_state() -> dict:
@@ -325,7 +178,7 @@ def wait_for_pruning() -> None:
 
 def _commit(tmp: Path, final: Path, meta: dict, fsync: bool = True) -> None:
     """Make the temporary folder `tmp` (every file of the step written) the complete step `final`:
-    meta.json with the manifest last, everything fsynced, an older copy of the step moved to the
+    the META file with the manifest last, everything fsynced, an older copy of the step moved to the
     trash, the rename, its parent fsynced, then the older copy deleted."""
     files = manifest(tmp)
     meta = {**meta, MANIFEST: files, CHECKSUMS: {rel: ends_checksum(tmp / rel) for rel in files}}
@@ -509,7 +362,7 @@ def resume_point(run_dir: str | Path, warn=print) -> tuple[Path, dict] | None:
     when the run has no checkpoint. Raises CheckpointError when it has some but none is whole and loads."""
     latest = latest_checkpoint(run_dir, warn=warn)
     if latest is None:
-        damaged = [f"{p.name} ({damage(p)})" for _, p in _step_folders(checkpoints_root(run_dir))]
+        damaged = [f"{p.name} ({damage(p)})" for _, p in step_folders(checkpoints_root(run_dir))]
         if damaged:  # not a fresh run: starting over from step 0 would silently throw its work away
             raise CheckpointError(f"no checkpoint of {run_dir} can be resumed from: {'; '.join(damaged)}")
         return None

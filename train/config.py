@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from infra.models import PROJECT_ROOT
 
 
 def checked(
@@ -344,7 +344,7 @@ def merge_layers(cfg: DictConfig, layers: list) -> DictConfig:
 
 def refuse_secrets(cfg: DictConfig) -> None:
     """A config is written to sweep files, config.yaml and MLflow, so it must not hold a key."""
-    from train.redact import secrets_in
+    from infra.redact import secrets_in
 
     found = secrets_in(OmegaConf.to_container(cfg, resolve=False))
     if found:
@@ -580,9 +580,12 @@ def validate_algorithm(
     provided |= {f"{n.removesuffix('_spans')}_token_mask" for n in provided if n.endswith("_spans")}
     hint = f": use {estimator.hint}" if estimator.hint else ""
     for need in estimator.needs:
-        if need.startswith("signals.") and need.removeprefix("signals.") not in provided:
+        if (
+            registry.input_row(need) == registry.SIGNALS
+            and need.removeprefix(registry.SIGNALS) not in provided
+        ):
             name = (reward_target or "the reward").rpartition(".")[2]
             raise ConfigError(
                 f"algorithm.adv_estimator={estimator.name} needs the reward signal "
-                f"{need.removeprefix('signals.')}, which {name} does not provide{hint}"
+                f"{need.removeprefix(registry.SIGNALS)}, which {name} does not provide{hint}"
             )

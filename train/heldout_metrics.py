@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from train.algorithms.pass_at_k import pass_at_k
+from math_grader.pass_at_k import pass_at_k
 
 # reward figures worth reporting on held-out prompts -> their val/ name (NoveltyBench calls the number of
 # distinct classes among k samples distinct_k)

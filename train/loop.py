@@ -25,12 +25,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from infra import checkpoint_layout as layout
+from infra.redact import redacted_yaml
+from infra.tracking import RUN_DIR_TAG, RUN_ID_FILE, Tracker, flatten, recorded_run_id
 from train import checkpoint as ckpt
 from train.launch.preempt import CONTROL_DIR_ENV, Preempted, PreemptWatch, write_outcome
 from train.policy.distributed import all_gather_objects, barrier
 from train.progress import write_progress
-from train.redact import redacted_yaml
-from train.tracking import RUN_DIR_TAG, RUN_ID_FILE, Tracker, flatten, recorded_run_id
 
 
 def run_dir_of(cfg: DictConfig) -> Path:
@@ -83,7 +84,7 @@ class TrainingLoop:
         import torch
         from transformers import AutoTokenizer
 
-        from train.models import resolve_model_path
+        from infra.models import resolve_model_path
         from train.policy.distributed import init_distributed
 
         self.cfg = cfg
@@ -101,7 +102,7 @@ class TrainingLoop:
         self.start_step, self.state, latest = self._resume_state()
         self.latest_checkpoint = latest
         self.critic = None  # a value model, when the method has one (saved with each checkpoint)
-        self.weights = ckpt.hf_dir(latest) if latest is not None else self.model_path
+        self.weights = layout.hf_dir(latest) if latest is not None else self.model_path
         self.engine, self.owns_engine = engine, engine is None
         self.load_data()  # before any model loads: a bad dataset path fails at once
         self.policy = self._build_policy()

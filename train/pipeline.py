@@ -44,7 +44,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from train import checkpoint as ckpt
+from infra import checkpoint_layout as ckpt
+from infra.redact import redacted_yaml
 from train.config import (
     ENGINE_SUPPLIED,
     PROJECT_ROOT,
@@ -54,7 +55,6 @@ from train.config import (
     override_layers,
     validate_components,
 )
-from train.redact import redacted_yaml
 
 RESULT_FILE = "stage_result.json"
 STAGE_CONFIG = "stage_config.yaml"
@@ -256,7 +256,7 @@ def run_plan(stages: list[PlannedStage], isolate: bool = True) -> dict[str, floa
 
 
 def _run_stage(st: PlannedStage, isolate: bool) -> dict:
-    from train.tracking import recorded_run_id
+    from infra.tracking import recorded_run_id
 
     st.run_dir.mkdir(parents=True, exist_ok=True)
     (st.run_dir / STAGE_CONFIG).write_text(redacted_yaml(st.cfg))

@@ -345,7 +345,7 @@ def vllm_settings(engine_cfg) -> dict:
 
 def arch_of(model_path: str) -> tuple[Arch, str]:
     """The architecture from the model folder's config.json, else from KNOWN_MODELS by name."""
-    from train.models import ModelNotFoundError, resolve_model_path
+    from infra.models import ModelNotFoundError, resolve_model_path
 
     try:
         folder = resolve_model_path(model_path)

@@ -23,15 +23,15 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infra.tracking import SAMPLES_ARTIFACT_DIR
 from math_grader import extract_answer
 
-if TYPE_CHECKING:  # the viewer reads ARTIFACT_DIR without paying for torch
+if TYPE_CHECKING:
     import torch
 
 TRAIN_GROUPS = 8  # groups kept per logged training step (all validation groups are kept)
 TABLE_TEXT_CHARS = 2000  # the MLflow table's copy of a response is cut here (the JSONL keeps it whole)
 TABLE_GOLD_CHARS = 200  # and of the gold, repeated on every row (multi-answer golds list every answer)
-ARTIFACT_DIR = "samples"
 # reward signals renamed in the records; other per-response scalar signals keep their names
 SIGNAL_FIELDS = {"partition_class": "class", "quality": "quality", "diversity": "diversity"}
 
@@ -142,9 +142,9 @@ def write_samples(tracker, kind: str, step: int, records: list[dict]) -> None:
         with tempfile.TemporaryDirectory(prefix="rlpost-samples-") as tmp:
             path = Path(tmp) / f"{name}.jsonl"
             path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-            tracker.client.log_artifact(tracker.run_id, str(path), f"{ARTIFACT_DIR}/{kind}")
+            tracker.client.log_artifact(tracker.run_id, str(path), f"{SAMPLES_ARTIFACT_DIR}/{kind}")
         tracker.client.log_table(
-            tracker.run_id, table_rows(records), f"{ARTIFACT_DIR}/{kind}/{name}.table.json"
+            tracker.run_id, table_rows(records), f"{SAMPLES_ARTIFACT_DIR}/{kind}/{name}.table.json"
         )
     except Exception as exc:  # noqa: BLE001 - any store failure: warn and train on
         print(f"warning: {kind} samples of step {step} not logged to MLflow: {exc}", file=sys.stderr)

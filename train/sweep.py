@@ -23,6 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from infra.redact import redact, redacted_yaml
+from infra.tracking import recorded_run_id
 from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment
 from train.launch.executors import (  # noqa: F401
     check_launcher,
@@ -32,8 +34,6 @@ from train.launch.executors import (  # noqa: F401
 )
 from train.launch.job import TrainPoint, mark_mlflow_run, read_status, write_status
 from train.progress import read_progress
-from train.redact import redact, redacted_yaml
-from train.tracking import recorded_run_id
 
 POINT_CONFIG = "sweep_point.yaml"  # the point's full config, what every (re)submission runs
 # keys the sweep sets for every point itself: an override of them would be silently replaced -> refused
@@ -169,7 +169,7 @@ def submit(
     executor = make_executor(launcher, sweep_dir / "logs", cluster, checked=True)
     if launcher == "slurm":
         executor.update_parameters(job_name=sweep_id)
-    from train.tracking import Tracker
+    from infra.tracking import Tracker
 
     tags = {"rlpost.sweep": sweep_id, "rlpost.experiment": experiment, "rlpost.kind": "sweep", **git_state()}
     tags["rlpost.scheduler"] = launcher if launcher == "local" else f"slurm:{cluster or 'local'}"
@@ -298,7 +298,7 @@ def reconcile_mlflow(info: dict, rows: list[dict]) -> None:
     """Dead points' MLflow runs -> KILLED (they would stay RUNNING forever); the sweep's parent run ->
     FINISHED / FAILED once every point has ended."""
     with contextlib.suppress(Exception):
-        from train.tracking import Tracker
+        from infra.tracking import Tracker
 
         client = Tracker().client
         for r in rows:

@@ -20,7 +20,7 @@ from evals.common.generation import GenerationError, ServerGenerator, VLLMGenera
 from evals.common.mlflow_log import log_eval_metrics
 from evals.common.results import FINGERPRINT_KEY, ResultsError, ResultsStore
 from evals.common.suite import EvalContext, Suite
-from train.models import PROJECT_ROOT
+from infra.models import PROJECT_ROOT
 
 DEFAULT_RESULTS_DIR = PROJECT_ROOT / "outputs" / "evals"
 

@@ -207,7 +207,7 @@ class ServerGenerator:
     ) -> None:
         import openai
 
-        from train.llm.client import NO_KEY, LLMClientError, api_key_for
+        from infra.llm.client import NO_KEY, LLMClientError, api_key_for
 
         url = base_url.rstrip("/")
         self.base_url = url if url.endswith("/v1") else url + "/v1"

@@ -1,5 +1,5 @@
 """Pure metric functions shared by suites (no I/O): majority vote (by key or by an equivalence), best-of-k,
-mean with a bootstrap CI. pass@k is train/algorithms/pass_at_k.py (train's held-out validation uses it too)."""
+mean with a bootstrap CI. pass@k is math_grader/pass_at_k.py (train's held-out validation uses it too)."""
 
 from __future__ import annotations
 

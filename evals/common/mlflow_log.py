@@ -14,7 +14,7 @@ import re
 import time
 
 from evals.common.checkpoints import CheckpointRef
-from train.tracking import experiment_id, mlflow_client, tag_filter
+from infra.tracking import experiment_id, mlflow_client, tag_filter
 
 EVAL_EXPERIMENT = "evals"
 EVAL_OF_TAG = "rlpost.eval_of"

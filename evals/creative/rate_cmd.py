@@ -80,7 +80,7 @@ def rate_main(argv: list[str] | None, suite, judge_brief) -> dict[str, rt.Writer
 
 
 def run_rating(args: argparse.Namespace, judge_brief) -> dict[str, rt.WriterRating]:
-    from train.llm.client import LLMClient, LLMClientError
+    from infra.llm.client import LLMClient, LLMClientError
 
     writers = load_writers(args.results_dir)
     if len(writers) < 2:

@@ -13,9 +13,10 @@ from collections.abc import Callable
 
 import torch
 
-from train.algorithms.aggregation import Number, agg_loss, masked_mean
+from train.algorithms.aggregation import Number, agg_loss
 from train.algorithms.kl import kl_penalty
 from train.algorithms.registry import Knob, policy_loss_from
+from train.algorithms.surrogate import clip_metrics, clipped_surrogate, log_ratio
 
 __all__ = [
     "CLIP_KNOBS",
@@ -74,23 +75,14 @@ def _ppo_terms(
     """Per-token dual-clip PPO loss (B, T) and the clip metrics of ``policy_loss``."""
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
-    neg_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(neg_approx_kl)
-    losses1 = -advantages * ratio
-    losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    clipped1 = torch.maximum(losses1, losses2)
-    losses3 = -advantages * clip_ratio_c
-    clipped2 = torch.minimum(losses3, clipped1)
-    pg_losses = torch.where(advantages < 0, clipped2, clipped1)
+    log_r = log_ratio(old_log_prob, log_prob)
+    surrogate = clipped_surrogate(advantages, torch.exp(log_r), clip_ratio_low, clip_ratio_high)
+    dual_bound = -advantages * clip_ratio_c
+    negative = advantages < 0
+    pg_losses = torch.where(negative, torch.minimum(dual_bound, surrogate.loss), surrogate.loss)
     with torch.no_grad():
-        mask = response_mask.to(torch.float32)
-        metrics = {
-            "pg_clipfrac": masked_mean(torch.gt(losses2, losses1).float(), mask).item(),
-            "ppo_kl": masked_mean(-neg_approx_kl.float(), mask).item(),
-            "pg_clipfrac_lower": masked_mean(
-                (torch.gt(clipped1, losses3) & (advantages < 0)).float(), mask
-            ).item(),
-        }
+        dual_clipped = (surrogate.loss > dual_bound) & negative
+        metrics = clip_metrics(surrogate.clip_mask(), log_r, response_mask, dual_clipped)
     return pg_losses, metrics
 
 

@@ -21,6 +21,7 @@ from train.algorithms.actor_loss import CLIP_KNOBS, _ppo_terms
 from train.algorithms.aggregation import masked_mean
 from train.algorithms.registry import Knob, policy_loss_from, register_policy_loss
 from train.algorithms.rollout_correction import rollout_correction
+from train.algorithms.surrogate import Metrics, clip_metrics, clipped_surrogate, log_ratio, ppo_kl
 
 __all__ = [
     "BYPASS_LOSS_TYPES",
@@ -34,24 +35,6 @@ __all__ = [
     "kl_cov_loss",
     "sapo_loss",
 ]
-
-Metrics = dict[str, float]
-
-
-def _ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-ratio clamped to +-20, ratio): the clamp keeps exp finite when the policies drift apart."""
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    return log_ratio, torch.exp(log_ratio)
-
-
-def _ppo_kl(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor) -> float:
-    """mean(old_logp - logp) of the raw log-ratio (verl's gspo, gpg, clip_cov)."""
-    return masked_mean((old_log_prob - log_prob).detach().float(), response_mask).item()
-
-
-def _clamped_ppo_kl(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> float:
-    """mean(-log ratio) of the log-ratio clamped to +-20 (verl's vanilla, sapo, cispo)."""
-    return masked_mean(-log_ratio.detach().float(), response_mask).item()
 
 
 def gspo_loss(
@@ -75,14 +58,9 @@ def gspo_loss(
     seq_log_ratio = ((log_prob - old_log_prob) * mask).sum(dim=-1) / lengths
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=10.0))
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    metrics = {
-        "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask).item(),
-        "ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask),
-        "pg_clipfrac_lower": 0.0,
-    }
-    return torch.maximum(unclipped, clipped), metrics
+    surrogate = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
+    raw_log_ratio = log_ratio(old_log_prob, log_prob, bound=None)
+    return surrogate.loss, clip_metrics(surrogate.clip_mask(), raw_log_ratio, response_mask)
 
 
 def clip_cov_loss(
@@ -105,15 +83,14 @@ def clip_cov_loss(
     the tokens that drive entropy collapse stop pushing. No ratio clamp and no dual clip (as verl).
     Metrics: ``pg_clipfrac`` = share of valid tokens zeroed, ``ppo_kl``.
     """
-    ratio = torch.exp(log_prob - old_log_prob)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    raw_log_ratio = log_ratio(old_log_prob, log_prob, bound=None)
+    surrogate = clipped_surrogate(advantages, torch.exp(raw_log_ratio), clip_ratio_low, clip_ratio_high)
     valid = response_mask.bool()
     with torch.no_grad():
         centred_adv = advantages - masked_mean(advantages, valid)
         centred_logp = log_prob.detach() - masked_mean(log_prob.detach(), valid)
         cov = centred_adv * centred_logp
-        candidate = valid & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        candidate = valid & ~surrogate.clip_mask() & (cov > clip_cov_lb) & (cov < clip_cov_ub)
         positions = torch.nonzero(candidate)
         n_clip = max(int(clip_cov_ratio * valid.sum().item()), 1)
         if len(positions) > 0:
@@ -122,9 +99,9 @@ def clip_cov_loss(
         keep[positions[:, 0], positions[:, 1]] = 0
     metrics = {
         "pg_clipfrac": masked_mean((keep == 0).float(), valid).item(),
-        "ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask),
+        "ppo_kl": ppo_kl(raw_log_ratio, response_mask),
     }
-    return torch.maximum(unclipped, clipped) * keep, metrics
+    return surrogate.loss * keep, metrics
 
 
 def kl_cov_loss(
@@ -140,9 +117,9 @@ def kl_cov_loss(
 
     Metrics: ``ppo_kl``, ``kl_cov_frac`` (share of valid tokens penalised).
     """
-    ratio = torch.exp(log_prob - old_log_prob)
-    plain = -advantages * ratio
-    penalised = plain + ppo_kl_coef * (log_prob - old_log_prob).abs()
+    raw_log_ratio = log_ratio(old_log_prob, log_prob, bound=None)
+    plain = -advantages * torch.exp(raw_log_ratio)
+    penalised = plain + ppo_kl_coef * raw_log_ratio.abs()
     valid = response_mask.bool()
     with torch.no_grad():
         flat_valid = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
@@ -155,7 +132,7 @@ def kl_cov_loss(
             chosen[flat_valid[torch.topk(cov, n_pick).indices]] = True
         chosen = chosen.reshape(valid.shape)
     metrics = {
-        "ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask),
+        "ppo_kl": ppo_kl(raw_log_ratio, response_mask),
         "kl_cov_frac": masked_mean(chosen.float(), valid).item(),
     }
     return torch.where(chosen, penalised, plain), metrics
@@ -176,14 +153,10 @@ def cispo_loss(
     Metrics: ``pg_clipfrac`` (share of tokens whose weight was clipped), ``ppo_kl`` (of the log-ratio
     clamped to +-20, as verl), ``pg_clipfrac_lower`` 0.
     """
-    log_ratio, ratio = _ratio(old_log_prob, log_prob)
+    log_r = log_ratio(old_log_prob, log_prob)
+    ratio = torch.exp(log_r)
     weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
-    metrics = {
-        "pg_clipfrac": masked_mean((ratio != weight).float(), response_mask).item(),
-        "ppo_kl": _clamped_ppo_kl(log_ratio, response_mask),
-        "pg_clipfrac_lower": 0.0,
-    }
-    return -weight * advantages * log_prob, metrics
+    return -weight * advantages * log_prob, clip_metrics(ratio != weight, log_r, response_mask)
 
 
 def gpg_loss(
@@ -194,7 +167,7 @@ def gpg_loss(
 ) -> tuple[torch.Tensor, Metrics]:
     """GPG (arXiv 2504.02546): plain policy gradient L = -A * logp, no ratio and no clip (one update
     per rollout is on-policy). Pair with ``adv_estimator=gpg``. Metrics: ``ppo_kl``."""
-    return -log_prob * advantages, {"ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask)}
+    return -log_prob * advantages, {"ppo_kl": ppo_kl(log_ratio(old_log_prob, log_prob, None), response_mask)}
 
 
 def sapo_loss(
@@ -211,14 +184,15 @@ def sapo_loss(
     tau = tau_pos where A > 0, tau_neg otherwise. verl aggregates it with ``seq-mean-token-mean``.
     Metrics: ``ppo_kl`` (of the log-ratio clamped to +-20, as verl).
     """
-    log_ratio, ratio = _ratio(old_log_prob, log_prob)
+    log_r = log_ratio(old_log_prob, log_prob)
+    ratio = torch.exp(log_r)
     tau = torch.where(
         advantages > 0,
         torch.as_tensor(tau_pos, dtype=advantages.dtype),
         torch.as_tensor(tau_neg, dtype=advantages.dtype),
     )
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    return -gate * advantages, {"ppo_kl": _clamped_ppo_kl(log_ratio, response_mask)}
+    return -gate * advantages, {"ppo_kl": ppo_kl(log_r, response_mask)}
 
 
 def geo_mean_loss(
@@ -242,22 +216,20 @@ def geo_mean_loss(
     """
     mask = response_mask.to(log_prob.dtype)
     lengths = mask.sum(dim=-1).clamp(min=1)
-    log_ratio = log_prob - old_log_prob
+    log_r = log_ratio(old_log_prob, log_prob, bound=None)
     sign = torch.sign(advantages)
-    clipped = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
-    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    clipped = torch.clamp(log_r, -clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_r, sign * clipped)
     ratio = torch.exp((pessimistic * mask).sum(dim=-1) / lengths)
     seq_advantage = (advantages * mask).sum(dim=-1) / lengths
     seq_loss = -seq_advantage * ratio
     if is_weights is not None:
         log_w = torch.where(mask.bool(), torch.log(is_weights.detach() + 1e-10), torch.zeros_like(mask))
         seq_loss = seq_loss * torch.exp(log_w.sum(dim=-1) / lengths)
-    was_clipped = (log_ratio != clipped).detach()
-    metrics = {
-        "pg_clipfrac": masked_mean((was_clipped & (advantages > 0)).float(), response_mask).item(),
-        "ppo_kl": _ppo_kl(old_log_prob, log_prob, response_mask),
-        "pg_clipfrac_lower": masked_mean((was_clipped & (advantages < 0)).float(), response_mask).item(),
-    }
+    was_clipped = (log_r != clipped).detach()
+    metrics = clip_metrics(
+        was_clipped & (advantages > 0), log_r, response_mask, was_clipped & (advantages < 0)
+    )
     return seq_loss.unsqueeze(-1) * mask, metrics
 
 
@@ -295,7 +267,7 @@ def bypass_mode_loss(
         )
     elif cfg.loss_type == "reinforce":
         per_token = -advantages * log_prob * (1.0 if weights is None else weights)
-        loss_metrics = {"ppo_kl": _ppo_kl(rollout_log_prob, log_prob, loss_mask)}
+        loss_metrics = {"ppo_kl": ppo_kl(log_ratio(rollout_log_prob, log_prob, None), loss_mask)}
     else:
         raise ValueError(
             f"algorithm.loss_type={cfg.loss_type!r} is unknown: use {' or '.join(BYPASS_LOSS_TYPES)}"

@@ -27,9 +27,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# What an estimator or a step plug-in may declare it needs (besides signals.<name>, the reward's): the
-# trainer's table of providers (train/stages/grpo.py INPUT_PROVIDERS) computes each into batch[name].
-INPUTS = ("baseline_scores", "values", "old_log_probs", "ref_log_probs", "rollout_log_probs")
+# What an estimator or a step plug-in may declare it needs: the trainer's table of providers
+# (train/stages/grpo.py INPUT_PROVIDERS, one row each) computes each into the batch. A name ending in "."
+# is a family: `signals.<name>` is the reward's per-sample signal <name> (or a token mask made from its
+# `<x>_spans`).
+SIGNALS = "signals."
+INPUTS = ("baseline_scores", "values", "old_log_probs", "ref_log_probs", "rollout_log_probs", SIGNALS)
+
+
+def input_row(need: str) -> str | None:
+    """The INPUTS entry that covers `need`: itself, or the family ("signals.") it is a member of."""
+    if need in INPUTS and not need.endswith("."):
+        return need
+    family = need[: need.find(".") + 1]
+    return family if family in INPUTS and len(need) > len(family) else None
+
+
 # Where step plug-ins run, in this order: after the reward (score shaping), before the estimator (e.g. KL
 # in the reward), before the update (loss masks and weights), after the update (figures).
 POINTS = ("after_reward", "before_estimator", "before_update", "after_update")
@@ -125,8 +138,8 @@ def _knobs(knobs: dict | None) -> dict[str, Knob]:
 def _register(table: dict[str, Entry], name: str, knobs, needs, hint, **step) -> Callable:
     def decorate(fn: Callable) -> Callable:
         for need in needs:
-            if need not in INPUTS and not need.startswith("signals."):
-                raise ValueError(f"{name}: unknown need {need!r} (known: {INPUTS} or signals.<name>)")
+            if input_row(need) is None:
+                raise ValueError(f"{name}: unknown need {need!r} (known: {INPUTS[:-1]} or {SIGNALS}<name>)")
         entry = Entry(name, fn, _knobs(knobs), tuple(needs), hint, fn.__module__, **step)
         old = table.get(name)
         if old is not None and (old.module, old.fn.__qualname__) != (entry.module, fn.__qualname__):

@@ -14,7 +14,7 @@ from pathlib import Path
 def build_pair_classifier(out_dir: Path, base_model: Path | None = None, seed: int = 0) -> Path:
     """Save a 2-label LlamaForSequenceClassification (labels different/similar) to `out_dir`.
 
-    `base_model` None -> the 2-layer tiny random Llama of train.models (head_dim 64, SmolLM2 tokenizer);
+    `base_model` None -> the 2-layer tiny random Llama of infra.models (head_dim 64, SmolLM2 tokenizer);
     otherwise a causal-LM checkpoint folder whose body is kept (e.g. the embedded SmolLM2-135M).
     The score head is drawn with a spread that makes P(similar) vary between pairs (HF's default
     init gives ~0.5 everywhere, which would hide disagreements between two implementations).
@@ -22,7 +22,7 @@ def build_pair_classifier(out_dir: Path, base_model: Path | None = None, seed: i
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from train.models import build_tiny_model
+    from infra.models import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(base_model) if base_model is not None else build_tiny_model(Path(tmp) / "tiny", seed=seed)

@@ -23,9 +23,9 @@ from pathlib import Path
 import submitit
 from omegaconf import OmegaConf
 
+from infra.redact import redact
+from infra.tracking import RUN_ID_FILE, recorded_run_id
 from train.launch.preempt import Preempted, hand_to_scheduler
-from train.redact import redact
-from train.tracking import RUN_ID_FILE, recorded_run_id
 
 STATUS_FILE = "status.json"
 
@@ -194,7 +194,7 @@ def mark_mlflow_run(run_dir: Path, status: str, note: str = "") -> None:
     run_id = recorded_run_id(run_dir)
     if run_id is None:
         return
-    from train.tracking import Tracker
+    from infra.tracking import Tracker
 
     tracker = Tracker()
     tracker.run_id = run_id
@@ -211,7 +211,7 @@ def record_failure(cfg, run_dir: Path, exc: BaseException) -> None:
     its run (bad model path, import error): then a child run is created just to carry the error."""
     error = "".join(traceback.format_exception_only(exc)).strip()
     try:
-        from train.tracking import Tracker
+        from infra.tracking import Tracker
 
         tracker = Tracker(enabled=bool(cfg.track))
         run_id = recorded_run_id(run_dir)

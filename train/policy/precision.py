@@ -108,7 +108,7 @@ def machine_key(device_type: str) -> str:
 
 
 def _cache_file(device_type: str) -> Path:
-    from train.models import cache_dir
+    from infra.models import cache_dir
 
     return cache_dir() / "precision" / f"{machine_key(device_type)}.json"
 

@@ -17,8 +17,8 @@ writes its share in files of at most `shard_mb` at the same time, rank 0 names t
 whole model is never resident on one rank, and no rank waits for the whole model's write. Tied output
 embeddings are written once, as HF expects.
 
-These write into the folder they are given; train/checkpoint.py owns the step layout and makes a step
-appear whole (temporary name, manifest, fsync, rename).
+These write into the folder they are given; infra/checkpoint_layout.py owns the step layout and
+train/checkpoint.py makes a step appear whole (temporary name, manifest, fsync, rename).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class Classmate(Protocol):
 def _load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
-    from train.models import resolve_model_path
+    from infra.models import resolve_model_path
 
     try:
         return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
@@ -110,7 +110,7 @@ class EngineClassmate:
         seed: int = 0,
         gpu_memory_utilization: float = 0.1,
     ) -> None:
-        from train.models import resolve_model_path
+        from infra.models import resolve_model_path
         from train.rollout.vllm_engine import VLLMEngine
 
         self.model_path = str(resolve_model_path(model_path))

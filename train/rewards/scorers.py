@@ -7,7 +7,7 @@ Two implementations, chosen by config (`_target_: train.rewards.scorers.RewardMo
 - `RewardModelScorer`: an HF sequence-classification reward model with one output, run in-process in
   batches on the chat-templated conversation; returns the raw scalar (no squashing: callers map it).
 - `LLMJudgeScorer`: asks an LLM (any OpenAI-compatible server, or Anthropic) for a 1-10 rating through
-  `train.llm.LLMClient` (retries, reply cache); a reply with no readable rating gets `fallback_score`
+  `infra.llm.LLMClient` (retries, reply cache); a reply with no readable rating gets `fallback_score`
   and is counted in `parse_failures` instead of crashing a training step.
 - `EmbeddingRelevanceScorer`: the offline CPU proxy (prompt/response cosine under the packaged MiniLM):
   on-topic only, used by `darling_wildchat` because no reward model or capable judge runs offline here.
@@ -201,7 +201,7 @@ class LLMJudgeScorer:
         template: str = JUDGE_TEMPLATE,
         system: str = JUDGE_SYSTEM,
     ) -> None:
-        from train.llm import LLMClient
+        from infra.llm import LLMClient
 
         if not min_score < max_score:
             raise ValueError(f"LLMJudgeScorer: min_score={min_score} must be below max_score={max_score}")

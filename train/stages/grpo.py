@@ -51,14 +51,21 @@ from train.rollout.base import SamplingConfig
 from train.stages.common import heldout_pass
 
 # Who computes each input an estimator or a step plug-in may need (registry.INPUTS), in the order they
-# run: (trainer method, needs the rollout engine awake). Engine inputs run before the engine sleeps.
+# run: (trainer method, needs the rollout engine awake). Engine inputs run before the engine sleeps. A
+# method gets (batch, need) and returns batch[need], or None when the batch already holds it.
 INPUT_PROVIDERS: dict[str, tuple[str, bool]] = {
     "baseline_scores": ("_greedy_baselines", True),  # ReMax: the reward of a greedy answer to the prompt
     "rollout_log_probs": ("_rollout_log_probs", False),  # the engine's, returned with the samples
     "old_log_probs": ("_old_log_probs", False),  # the policy's before this step's update
     "ref_log_probs": ("_ref_log_probs", False),  # the frozen reference policy's
     "values": ("_values", False),  # the critic's value of each response token's state
+    registry.SIGNALS: ("_signal", False),  # signals.<x>: the reward's signal x; <x>_token_mask from <x>_spans
 }
+
+
+def provider(need: str) -> tuple[str, bool]:
+    """The INPUT_PROVIDERS row of `need` (a `signals.<name>` need: the `signals.` row)."""
+    return INPUT_PROVIDERS[registry.input_row(need)]
 
 
 def _normalisers(mask: torch.Tensor, scale_factor: float) -> dict:
@@ -186,7 +193,7 @@ class GRPOTrainer(TrainingLoop):
             self.plugin_state.update(plugin.state(algo) if plugin.state else {})
         self.extra_gen_batches = 0  # dynamic sampling: generation batches drawn beyond one per step
         if "values" in needs:  # PPO with a critic
-            from train.models import resolve_model_path
+            from infra.models import resolve_model_path
             from train.policy.critic import Critic
 
             crit = cfg.critic
@@ -262,9 +269,9 @@ class GRPOTrainer(TrainingLoop):
         t0 = time.perf_counter()
         batch, figures, (t_rollout, t_reward) = self._generate(step)  # + DAPO dynamic sampling
         needs = self._needs()
-        self._provide(batch, [n for n in needs if INPUT_PROVIDERS.get(n, ("", False))[1]])
+        self._provide(batch, [n for n in needs if provider(n)[1]])
         self.engine.sleep()  # release the engine's memory before any log-prob pass (verl's order)
-        self._provide(batch, [n for n in needs if not INPUT_PROVIDERS.get(n, ("", False))[1]])
+        self._provide(batch, [n for n in needs if not provider(n)[1]])
         figures.update(self._plugins("after_reward", batch))
         figures.update(self._plugins("before_estimator", batch))
         estimated = registry.as_output(self.estimator.fn(self.cfg.algorithm, self._advantage_context(batch)))
@@ -356,17 +363,18 @@ class GRPOTrainer(TrainingLoop):
             wanted.add("old_log_probs")
         if algo.use_kl_loss:
             wanted.add("ref_log_probs")
-        return [n for n in INPUT_PROVIDERS if n in wanted] + sorted(wanted - set(INPUT_PROVIDERS))
+        rows = list(INPUT_PROVIDERS)
+        return sorted(wanted, key=lambda n: (rows.index(registry.input_row(n)), n))
 
     def _provide(self, batch: Batch, needs: list[str]) -> None:
-        """Compute each input of `needs` into the batch (those it does not hold yet)."""
+        """Compute each input of `needs` into the batch (those it does not hold yet), by its table row."""
         for need in needs:
-            if need.startswith("signals."):
-                self._signal(batch, need.removeprefix("signals."))
-            elif need not in batch:
-                batch[need] = getattr(self, INPUT_PROVIDERS[need][0])(batch)
+            if need not in batch:
+                value = getattr(self, provider(need)[0])(batch, need)
+                if value is not None:
+                    batch[need] = value
 
-    def _greedy_baselines(self, batch: Batch) -> torch.Tensor:
+    def _greedy_baselines(self, batch: Batch, need: str) -> torch.Tensor:
         """ReMax: one greedy rollout per prompt, scored by the same reward; (B,), each row its group's."""
         first: dict[int, int] = {}
         for i, g in enumerate(batch.group_index):
@@ -379,27 +387,30 @@ class GRPOTrainer(TrainingLoop):
         reward = self.reward_fn([batch.rows[i] for i in order], greedy.texts, greedy.group_index)
         return torch.tensor(reward.scores, dtype=torch.float32)[torch.tensor(batch.group_index)]
 
-    def _rollout_log_probs(self, batch: Batch) -> torch.Tensor:
+    def _rollout_log_probs(self, batch: Batch, need: str) -> torch.Tensor:
         bypass = self.cfg.algorithm.policy_loss_mode == "bypass_mode"
         raise RuntimeError(
             f"algorithm.{'policy_loss_mode=bypass_mode' if bypass else 'rollout_is / rollout_rs'} needs "
             f"the rollout engine's log-probs, which {type(self.engine).__name__} did not return"
         )
 
-    def _old_log_probs(self, batch: Batch) -> torch.Tensor:
+    def _old_log_probs(self, batch: Batch, need: str) -> torch.Tensor:
         return self.policy.compute_log_probs(batch.prompt_ids, batch.response_ids)[0]
 
-    def _ref_log_probs(self, batch: Batch) -> torch.Tensor:
+    def _ref_log_probs(self, batch: Batch, need: str) -> torch.Tensor:
         return self.ref.compute_log_probs(batch.prompt_ids, batch.response_ids)[0]
 
-    def _values(self, batch: Batch) -> torch.Tensor:
+    def _values(self, batch: Batch, need: str) -> torch.Tensor:
         return self.critic.compute_values(batch.prompt_ids, batch.response_ids)
 
-    def _signal(self, batch: Batch, name: str) -> None:
-        """A reward signal is read from the batch as it is; `<x>_token_mask` is made here from the reward's
-        `<x>_spans` (characters) into `batch[<x>_token_mask]`."""
-        if not name.endswith("_token_mask") or name in batch:
-            return
+    def _signal(self, batch: Batch, need: str) -> torch.Tensor | None:
+        """`signals.<x>`: the reward's signal x, which stays where the reward put it (None; a KeyError naming
+        the signals it gave when it gave no x); `signals.<x>_token_mask`: the (B, T) response-token mask
+        made from the reward's `<x>_spans` (characters)."""
+        name = need.removeprefix(registry.SIGNALS)
+        if not name.endswith("_token_mask"):
+            batch.signal(name)
+            return None
         base = name.removesuffix("_token_mask")
         spans = [
             char_span_to_token_span(
@@ -410,15 +421,16 @@ class GRPOTrainer(TrainingLoop):
             for ids, span in zip(batch.response_ids, batch.signal(f"{base}_spans"))
         ]
         mask = batch["response_mask"]
-        batch[name] = cot_token_mask(spans, mask)
-        batch.reward_metrics[f"{base}_token_fraction"] = float(batch[name].sum() / mask.sum().clamp(min=1.0))
+        token_mask = cot_token_mask(spans, mask)
+        batch.reward_metrics[f"{base}_token_fraction"] = float(token_mask.sum() / mask.sum().clamp(min=1.0))
+        return token_mask
 
     def _advantage_context(self, batch: Batch) -> registry.AdvantageContext:
         signals = {}
-        for need in self.estimator.needs:
-            if need.startswith("signals."):
-                name = need.removeprefix("signals.")
-                signals[name] = batch[name] if name in batch else batch.signal(name)
+        for need in self.estimator.needs:  # what the signals. row provided: a made mask, or the reward's own
+            if registry.input_row(need) == registry.SIGNALS:
+                name = need.removeprefix(registry.SIGNALS)
+                signals[name] = batch[need] if need in batch else batch.signal(name)
         return registry.AdvantageContext(
             batch["rewards"],
             batch["response_mask"],

@@ -21,13 +21,14 @@ import shutil
 import time
 from pathlib import Path
 
-from train.models import PROJECT_ROOT
-from train.redact import redact, redact_text
+from infra.models import PROJECT_ROOT
+from infra.redact import redact, redact_text
 
 RUN_DIR_TAG = "rlpost.run_dir"
 CHECKPOINT_TAG = "rlpost.checkpoint."
 LATEST_CHECKPOINT_TAG = "rlpost.checkpoint_latest"
 RUN_ID_FILE = "mlflow_run_id"  # in a run folder: the MLflow run it made (written once the run exists)
+SAMPLES_ARTIFACT_DIR = "samples"  # a run's logged samples (train/samples.py writes, analysis/view reads)
 
 
 def tracking_uri() -> str:

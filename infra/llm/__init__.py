@@ -1,5 +1,5 @@
 """LLM API access shared by every judge: one client (openai / anthropic SDKs) with retries and a reply cache."""
 
-from train.llm.client import LLMClient, LLMClientError, parse_model
+from infra.llm.client import LLMClient, LLMClientError, parse_model
 
 __all__ = ["LLMClient", "LLMClientError", "parse_model"]

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from train.llm.cache import ReplyCache, request_key
-from train.redact import redact_text
+from infra.llm.cache import ReplyCache, request_key
+from infra.redact import redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def normalize_base_url(provider: str, base_url: str | None) -> str | None:
 
 
 def default_cache_dir() -> Path:
-    from train.models import cache_dir
+    from infra.models import cache_dir
 
     return cache_dir() / "llm_replies"
 

@@ -83,7 +83,7 @@ def resolve_model_path(path: str) -> Path:
     p = Path(path).expanduser()
     if (p / "config.json").is_file():
         return p.resolve()
-    from train import checkpoint as ckpt
+    from infra import checkpoint_layout as ckpt
 
     if p.is_dir() and (ckpt.hf_dir(p) / "config.json").is_file():  # a training checkpoint folder
         return ckpt.hf_dir(p).resolve()
