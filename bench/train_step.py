@@ -516,4 +516,7 @@ def _response_lens(step: dict, args) -> list[int]:
 
 
 if __name__ == "__main__":
+    from train import allocator
+
+    allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     main()
