@@ -17,7 +17,7 @@ REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
+.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-profile bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -29,7 +29,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -q -y $(REMOVE) 2>/dev/null || true
 	touch $@
 
+# The allocator every process runs under (train/allocator.py): jemalloc from Debian's libjemalloc2, installed
+# here with apt when missing; without apt/root the processes fall back to tuned glibc malloc (one line says so).
+ALLOCATOR_LIB := libjemalloc.so.2
+
 setup: $(STAMP)
+	@ldconfig -p 2>/dev/null | grep -q "$(ALLOCATOR_LIB)" || [ "$${RLPOST_ALLOCATOR:-jemalloc}" != jemalloc ] \
+	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	       && { apt-get install -y -qq libjemalloc2 >/dev/null 2>&1 \
+	            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libjemalloc2 >/dev/null 2>&1; }; }; } \
+	  || echo "note: libjemalloc2 not installed (needs apt as root): processes use glibc malloc without mmap/trim instead (RLPOST_ALLOCATOR, train/allocator.py)"
 
 check-pins:  ## prove each backend extra resolves from the registry (pip --dry-run; downloads metadata only)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found"; exit 1; }
@@ -41,8 +50,9 @@ plan: setup  ## per-GPU memory and step time of an experiment: make plan EXP=dar
 model: setup  ## convert the embedded default model once (also done on first use)
 	$(PY) -m train.models
 
+# under the project's allocator (python -m train.allocator: preloaded here, inherited by every child)
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m train.allocator $(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -89,6 +99,9 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-train: setup $(BENCH_STAMP)
 	$(PY) -m bench.train_step $(OVERRIDES)
+
+bench-profile: setup  ## torch profiler over one bf16 GRPO step: time per phase and operator, matmul share, faults
+	$(PY) -m bench.profile_step $(OVERRIDES)
 
 leaderboard: setup  ## tables from MLflow under reports/ (EXP= to restrict; PER=checkpoint: a row per checkpoint; BY=arm: a row per arm)
 	$(PY) -m analysis.leaderboard $(if $(filter command line,$(origin EXP)),--experiment $(EXP)) $(if $(PER),--per $(PER)) $(if $(BY),--by $(BY)) $(if $(SWEEP),--sweep $(SWEEP)) --out reports
