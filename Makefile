@@ -29,16 +29,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -q -y $(REMOVE) 2>/dev/null || true
 	touch $@
 
-# The allocator every process runs under (train/allocator.py): jemalloc from Debian's libjemalloc2, installed
-# here with apt when missing; without apt/root the processes fall back to tuned glibc malloc (one line says so).
-ALLOCATOR_LIB := libjemalloc.so.2
+# The allocator every process runs under (train/allocator.py): tcmalloc from Debian's libtcmalloc-minimal4 (jemalloc:
+# libjemalloc2), installed here with apt when missing; without apt/root the processes use tuned glibc malloc and say so.
+ALLOC_MODE := $(or $(RLPOST_ALLOCATOR),tcmalloc)
+ALLOC_PKG := $(if $(filter tcmalloc,$(ALLOC_MODE)),libtcmalloc-minimal4,$(if $(filter jemalloc,$(ALLOC_MODE)),libjemalloc2,))
+ALLOC_LIB := $(if $(filter tcmalloc,$(ALLOC_MODE)),libtcmalloc_minimal.so.4,libjemalloc.so.2)
 
 setup: $(STAMP)
-	@ldconfig -p 2>/dev/null | grep -q "$(ALLOCATOR_LIB)" || [ "$${RLPOST_ALLOCATOR:-jemalloc}" != jemalloc ] \
+	@[ -z "$(ALLOC_PKG)" ] || ldconfig -p 2>/dev/null | grep -q "$(ALLOC_LIB)" \
 	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
-	       && { apt-get install -y -qq libjemalloc2 >/dev/null 2>&1 \
-	            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libjemalloc2 >/dev/null 2>&1; }; }; } \
-	  || echo "note: libjemalloc2 not installed (needs apt as root): processes use glibc malloc without mmap/trim instead (RLPOST_ALLOCATOR, train/allocator.py)"
+	       && { apt-get install -y -qq $(ALLOC_PKG) >/dev/null 2>&1 \
+	            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(ALLOC_PKG) >/dev/null 2>&1; }; }; } \
+	  || echo "note: $(ALLOC_PKG) not installed (needs apt as root): processes use glibc malloc without mmap/trim instead (RLPOST_ALLOCATOR, train/allocator.py)"
 
 check-pins:  ## prove each backend extra resolves from the registry (pip --dry-run; downloads metadata only)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found"; exit 1; }

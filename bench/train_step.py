@@ -367,8 +367,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--allocators",
         default=None,
-        help="comma list of jemalloc,glibc,off: a table per setting, both sides under it"
-        " (default: $RLPOST_ALLOCATOR, i.e. jemalloc)",
+        help="comma list of tcmalloc,jemalloc,glibc,off: a table per setting, both sides under it"
+        " (default: $RLPOST_ALLOCATOR, unset: tcmalloc)",
     )
     p.add_argument(
         "--reuse", help="keep each side's raw result in DIR/<side>-<precision>.json; reuse existing"
@@ -496,13 +496,14 @@ def main(argv: list[str] | None = None) -> None:
     tables = []
     from train import allocator
 
-    jemalloc = allocator.find_jemalloc()
     for precision, alloc in [(p, a) for p in args.precisions for a in args.allocator_list]:
         rate = bf16_rate if precision == "bf16" else fp32_rate  # the floor at this precision
         results: dict[str, dict[str, float]] = {}
         notes = []
         for side in args.side_list:  # both sides under the same allocator setting
-            raw, why = _run_side(args, side, precision, allocator.child_env(alloc, env, jemalloc), alloc)
+            raw, why = _run_side(
+                args, side, precision, allocator.child_env(alloc, env, allocator.find_library(alloc)), alloc
+            )
             if raw is None:
                 notes.append(f"{side}: FAILED ({why})")
                 continue

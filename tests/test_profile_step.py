@@ -73,14 +73,22 @@ def test_phase_table_sums_usage_and_shares():
 def test_allocator_modes_and_child_env():
     assert allocator.requested({}) == allocator.DEFAULT
     assert allocator.requested({"RLPOST_ALLOCATOR": "GLIBC"}) == "glibc"
-    with pytest.raises(allocator.AllocatorError, match="RLPOST_ALLOCATOR='tcmallocx'"):
-        allocator.requested({"RLPOST_ALLOCATOR": "tcmallocx"})
-    env = allocator.child_env("jemalloc", {"LD_PRELOAD": "/x/libgomp.so"}, "/lib/libjemalloc.so.2")
-    assert env["LD_PRELOAD"] == "/lib/libjemalloc.so.2:/x/libgomp.so"
-    assert env["MALLOC_CONF"] == allocator.JEMALLOC_CONF and "MALLOC_MMAP_MAX_" not in env
-    fallback = allocator.child_env("jemalloc", {}, None)  # library missing: glibc tuned instead
+    with pytest.raises(allocator.AllocatorError, match="RLPOST_ALLOCATOR='mimalloc'"):
+        allocator.requested({"RLPOST_ALLOCATOR": "mimalloc"})
+    tc = "/lib/libtcmalloc_minimal.so.4"
+    env = allocator.child_env("tcmalloc", {"LD_PRELOAD": "/x/libgomp.so", "MALLOC_MMAP_MAX_": "0"}, tc)
+    assert env["LD_PRELOAD"] == f"{tc}:/x/libgomp.so" and "MALLOC_MMAP_MAX_" not in env
+    je = allocator.child_env("jemalloc", env, "/lib/libjemalloc.so.2")  # one preloaded allocator at a time
+    assert (
+        je["LD_PRELOAD"] == "/lib/libjemalloc.so.2:/x/libgomp.so"
+        and je["MALLOC_CONF"] == allocator.JEMALLOC_CONF
+    )
+    fallback = allocator.child_env("tcmalloc", {}, None)  # library missing: glibc tuned instead
     assert "LD_PRELOAD" not in fallback and fallback["MALLOC_MMAP_MAX_"] == "0"
-    assert allocator.child_env("off", {"A": "1"}, None) == {"A": "1", "RLPOST_ALLOCATOR": "off"}
+    off = allocator.child_env(
+        "off", {**je, **allocator.GLIBC_ENV, "A": "1"}, None
+    )  # what the project set goes
+    assert off == {"A": "1", "LD_PRELOAD": "/x/libgomp.so", "RLPOST_ALLOCATOR": "off"}
 
 
 def _child_allocator(mode: str) -> str:
@@ -96,6 +104,6 @@ def _child_allocator(mode: str) -> str:
 def test_launcher_puts_children_under_the_allocator():
     assert _child_allocator("glibc") == "glibc (no mmap, no trim)"
     assert _child_allocator("off") == "glibc (defaults)"
-    if allocator.find_jemalloc() is None:
-        pytest.skip("libjemalloc2 not installed (make setup installs it with apt)")
-    assert _child_allocator("jemalloc").startswith("jemalloc (")
+    if allocator.find_library("tcmalloc") is None:
+        pytest.skip("libtcmalloc-minimal4 not installed (make setup installs it with apt)")
+    assert _child_allocator("tcmalloc") == "tcmalloc (preloaded)"
