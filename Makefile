@@ -29,9 +29,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -q -y $(REMOVE) 2>/dev/null || true
 	touch $@
 
-# The allocator every process runs under (train/allocator.py): tcmalloc from Debian's libtcmalloc-minimal4 (jemalloc:
-# libjemalloc2), installed here with apt when missing; without apt/root the processes use tuned glibc malloc and say so.
-ALLOC_MODE := $(or $(RLPOST_ALLOCATOR),tcmalloc)
+# The allocator every process runs under (train/allocator.py; default glibc, tuned, no package): RLPOST_ALLOCATOR=tcmalloc
+# (libtcmalloc-minimal4) or jemalloc (libjemalloc2) is installed here with apt when missing; without apt/root the processes use tuned glibc malloc and say so.
+ALLOC_MODE := $(or $(RLPOST_ALLOCATOR),glibc)
 ALLOC_PKG := $(if $(filter tcmalloc,$(ALLOC_MODE)),libtcmalloc-minimal4,$(if $(filter jemalloc,$(ALLOC_MODE)),libjemalloc2,))
 ALLOC_LIB := $(if $(filter tcmalloc,$(ALLOC_MODE)),libtcmalloc_minimal.so.4,libjemalloc.so.2)
 

@@ -368,7 +368,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--allocators",
         default=None,
         help="comma list of tcmalloc,jemalloc,glibc,off: a table per setting, both sides under it"
-        " (default: $RLPOST_ALLOCATOR, unset: tcmalloc)",
+        " (default: $RLPOST_ALLOCATOR, unset: glibc)",
     )
     p.add_argument(
         "--reuse", help="keep each side's raw result in DIR/<side>-<precision>.json; reuse existing"
