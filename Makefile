@@ -17,7 +17,7 @@ REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
+.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-profile bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -29,7 +29,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -q -y $(REMOVE) 2>/dev/null || true
 	touch $@
 
+# The allocator every process runs under (train/allocator.py; default glibc, tuned, no package): RLPOST_ALLOCATOR=tcmalloc
+# (libtcmalloc-minimal4) or jemalloc (libjemalloc2) is installed here with apt when missing; without apt/root the processes use tuned glibc malloc and say so.
+ALLOC_MODE := $(or $(RLPOST_ALLOCATOR),glibc)
+ALLOC_PKG := $(if $(filter tcmalloc,$(ALLOC_MODE)),libtcmalloc-minimal4,$(if $(filter jemalloc,$(ALLOC_MODE)),libjemalloc2,))
+ALLOC_LIB := $(if $(filter tcmalloc,$(ALLOC_MODE)),libtcmalloc_minimal.so.4,libjemalloc.so.2)
+
 setup: $(STAMP)
+	@[ -z "$(ALLOC_PKG)" ] || ldconfig -p 2>/dev/null | grep -q "$(ALLOC_LIB)" \
+	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	       && { apt-get install -y -qq $(ALLOC_PKG) >/dev/null 2>&1 \
+	            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(ALLOC_PKG) >/dev/null 2>&1; }; }; } \
+	  || echo "note: $(ALLOC_PKG) not installed (needs apt as root): processes use glibc malloc without mmap/trim instead (RLPOST_ALLOCATOR, train/allocator.py)"
 
 check-pins:  ## prove each backend extra resolves from the registry (pip --dry-run; downloads metadata only)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found"; exit 1; }
@@ -41,8 +52,9 @@ plan: setup  ## per-GPU memory and step time of an experiment: make plan EXP=dar
 model: setup  ## convert the embedded default model once (also done on first use)
 	$(PY) -m infra.models
 
+# under the project's allocator (python -m train.allocator: preloaded here, inherited by every child)
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m train.allocator $(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -89,6 +101,9 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-train: setup $(BENCH_STAMP)
 	$(PY) -m bench.train_step $(OVERRIDES)
+
+bench-profile: setup  ## torch profiler over one bf16 GRPO step: time per phase and operator, matmul share, faults
+	$(PY) -m bench.profile_step $(OVERRIDES)
 
 leaderboard: setup  ## tables from MLflow under reports/ (EXP= to restrict; PER=checkpoint: a row per checkpoint; BY=arm: a row per arm)
 	$(PY) -m analysis.leaderboard $(if $(filter command line,$(origin EXP)),--experiment $(EXP)) $(if $(PER),--per $(PER)) $(if $(BY),--by $(BY)) $(if $(SWEEP),--sweep $(SWEEP)) --out reports

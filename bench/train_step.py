@@ -33,6 +33,8 @@ from train.rollout.vllm_engine import VLLMEngine  # imports vLLM itself only whe
 SIDES = ("ours", "trl")
 SIDE_LABELS = {"ours": "ours (vLLM+FSDP2)", "trl": "TRL 1.16 (HF generate)"}
 TIMING_KEYS = ("step_s", "rollout_s", "reward_s", "update_s", "weight_sync_s")
+# what the kernel did for the step (getrusage of the worker): a lead that comes from the machine shows here
+MACHINE_KEYS = ("sys_s", "minor_faults")
 
 
 # ---- pure parts (tested in tests/test_bench.py) ------------------------------------------------
@@ -40,8 +42,9 @@ def summarize(steps: list[dict], warmup: int) -> dict[str, float]:
     """Medians over the timed steps (after `warmup`) of the timings, token counts and derived rates."""
     timed = steps[warmup:] or steps[-1:]
     out = {k: statistics.median(s[k] for s in timed) for k in TIMING_KEYS if all(k in s for s in timed)}
-    for k in ("prompt_tokens", "response_tokens"):
-        out[k] = statistics.median(s[k] for s in timed)
+    for k in ("prompt_tokens", "response_tokens", *MACHINE_KEYS):
+        if all(k in s for s in timed):
+            out[k] = statistics.median(s[k] for s in timed)
     out["rollout_tokens_per_s"] = statistics.median(
         s["response_tokens"] / max(s["rollout_s"], 1e-9) for s in timed
     )
@@ -80,6 +83,8 @@ TABLE_ROWS = [
     ("train tokens/s", "train_tokens_per_s", "n"),
     ("response tokens/step", "response_tokens", "n"),
     ("prompt tokens/step", "prompt_tokens", "n"),
+    ("system s/step", "sys_s", "s"),
+    ("minor faults/step", "minor_faults", "n"),
     ("peak RSS (GB)", "peak_rss_gb", "gb"),
     ("floor_s", "floor_s", "s"),
     ("step_s/floor_s", "floor_share", "x"),
@@ -146,9 +151,28 @@ def _peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
 
 
+def _kernel_usage() -> tuple[float, int]:
+    """(system CPU seconds, minor page faults) of this worker so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_stime, r.ru_minflt
+
+
+def _add_kernel_usage(step: dict, before: tuple[float, int]) -> None:
+    sys_s, faults = _kernel_usage()
+    step["sys_s"], step["minor_faults"] = sys_s - before[0], faults - before[1]
+
+
 def _worker_result(steps: list[dict], threads: int) -> dict:
     # The 1-minute load average at the end tells whether other processes shared the CPUs.
-    return {"steps": steps, "peak_rss_gb": _peak_rss_gb(), "threads": threads, "load_avg": os.getloadavg()[0]}
+    from train import allocator
+
+    return {
+        "steps": steps,
+        "peak_rss_gb": _peak_rss_gb(),
+        "threads": threads,
+        "load_avg": os.getloadavg()[0],
+        "allocator": allocator.describe(),
+    }
 
 
 def _our_overrides(args, run_dir: str) -> list[str]:
@@ -200,6 +224,7 @@ def run_ours(args) -> dict:
         steps = []
         for step in range(1, args.steps + 1):
             rows = [trainer.prompt_ids[i] for i in trainer.sampler.batch(step)]
+            kernel = _kernel_usage()
             m = trainer.step(step)
             n = args.samples
             steps.append(
@@ -215,6 +240,7 @@ def run_ours(args) -> dict:
                     "reward_mean": m["train/reward_mean"],
                 }
             )
+            _add_kernel_usage(steps[-1], kernel)
             print(f"[bench] ours step {step}: {m['timing/step_s']:.2f}s", flush=True)
         trainer.close()
     return _worker_result(steps, torch.get_num_threads())
@@ -263,10 +289,12 @@ def run_trl(args) -> dict:
         def on_step_begin(self, targs, state, control, **kwargs):
             current.clear()
             current["t0"] = time.perf_counter()
+            current["kernel"] = _kernel_usage()
 
         def on_step_end(self, targs, state, control, **kwargs):
             s = dict(current)
             s["step_s"] = time.perf_counter() - s.pop("t0")
+            _add_kernel_usage(s, s.pop("kernel"))
             s["update_s"] = s["step_s"] - s.get("rollout_s", 0.0) - s.get("reward_s", 0.0)
             s["weight_sync_s"] = 0.0  # HF generate samples from the trained weights themselves
             step = len(steps)
@@ -337,6 +365,12 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--sides", default="ours,trl", help="comma list of ours,trl")
     p.add_argument(
+        "--allocators",
+        default=None,
+        help="comma list of tcmalloc,jemalloc,glibc,off: a table per setting, both sides under it"
+        " (default: $RLPOST_ALLOCATOR, unset: glibc)",
+    )
+    p.add_argument(
         "--reuse", help="keep each side's raw result in DIR/<side>-<precision>.json; reuse existing"
     )
     p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
@@ -348,6 +382,15 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"--precision: unknown {bad} (expected fp32 and/or bf16)")
     args.side_list = [x.strip() for x in args.sides.split(",") if x.strip()]
+    from train.allocator import MODES, AllocatorError, requested
+
+    try:
+        default = requested()
+    except AllocatorError as exc:
+        p.error(str(exc))
+    args.allocator_list = [x.strip() for x in (args.allocators or default).split(",") if x.strip()]
+    if any(a not in MODES for a in args.allocator_list):
+        p.error(f"--allocators: expected a comma list of {MODES}")
     if any(s not in SIDES for s in args.side_list):
         p.error(f"--sides: expected a comma list of {SIDES}")
     if args.steps < 1:
@@ -371,9 +414,9 @@ def _worker_main(args) -> None:
     os._exit(0)  # vLLM/reward pools can leave non-daemon threads behind
 
 
-def _run_side(args, side: str, precision: str, env: dict) -> tuple[dict | None, str]:
+def _run_side(args, side: str, precision: str, env: dict, alloc: str) -> tuple[dict | None, str]:
     """(raw worker result, "") or (None, why it failed). With --reuse DIR, results are kept there and reused."""
-    kept = Path(args.reuse) / f"{side}-{precision}.json" if args.reuse else None
+    kept = Path(args.reuse) / f"{side}-{precision}-{alloc}.json" if args.reuse else None
     if kept is not None and kept.is_file():
         print(f"[bench] {side} {precision}: reusing {kept} (measured earlier, not in this run)", flush=True)
         return json.loads(kept.read_text()), ""
@@ -383,7 +426,7 @@ def _run_side(args, side: str, precision: str, env: dict) -> tuple[dict | None, 
     cmd += ["--steps", str(args.steps), "--model", args.model, "--prompts", str(args.prompts)]
     cmd += ["--samples", str(args.samples), "--new-tokens", str(args.new_tokens)]
     cmd += ["--threads", str(args.threads), "--seed", str(args.seed), *args.overrides]
-    print(f"[bench] {side} {precision}: {' '.join(cmd[1:])}", flush=True)
+    print(f"[bench] {side} {precision} {alloc}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env)
     try:
@@ -451,18 +494,23 @@ def main(argv: list[str] | None = None) -> None:
     dims = model_dims(args.model)
 
     tables = []
-    for precision in args.precisions:
+    from train import allocator
+
+    for precision, alloc in [(p, a) for p in args.precisions for a in args.allocator_list]:
         rate = bf16_rate if precision == "bf16" else fp32_rate  # the floor at this precision
         results: dict[str, dict[str, float]] = {}
         notes = []
-        for side in args.side_list:
-            raw, why = _run_side(args, side, precision, env)
+        for side in args.side_list:  # both sides under the same allocator setting
+            raw, why = _run_side(
+                args, side, precision, allocator.child_env(alloc, env, allocator.find_library(alloc)), alloc
+            )
             if raw is None:
                 notes.append(f"{side}: FAILED ({why})")
                 continue
             notes.append(
-                f"{side}: {raw['threads']} torch threads; 1-min load average at its end {raw['load_avg']:.2f}"
-                f" on {os.cpu_count()} CPUs (above {args.threads} = other processes shared the CPUs)"
+                f"{side}: {raw['threads']} torch threads; allocator {raw.get('allocator', '?')}; 1-min load average"
+                f" at its end {raw['load_avg']:.2f} on {os.cpu_count()} CPUs (above {args.threads} = other"
+                " processes shared the CPUs)"
             )
             warmup = 1 if len(raw["steps"]) > 1 else 0
             summary = summarize(raw["steps"], warmup)
@@ -489,7 +537,8 @@ def main(argv: list[str] | None = None) -> None:
         title = (
             f"GRPO step, {precision}: {Path(args.model).name}, {args.prompts} prompts x {args.samples} samples "
             f"x {args.new_tokens} new tokens, no KL, median of {timed_n} timed step(s)"
-            f"{' after 1 warm-up' if args.steps > 1 else ''}, OMP_NUM_THREADS={args.threads}"
+            f"{' after 1 warm-up' if args.steps > 1 else ''}, OMP_NUM_THREADS={args.threads},"
+            f" {allocator.ENV}={alloc}"
         )
         note = (
             f"floor_s = step FLOPs / {precision} matmul rate ({rate / 1e9:.1f} GFLOP/s); "
@@ -516,4 +565,7 @@ def _response_lens(step: dict, args) -> list[int]:
 
 
 if __name__ == "__main__":
+    from train import allocator
+
+    allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     main()

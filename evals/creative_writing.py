@@ -509,6 +509,9 @@ def rate(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
+    from train import allocator
+
+    allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     import sys
 
     if "--rate" in sys.argv[1:]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.train_step import _parse, _response_lens, add_floor, format_table, ratio, summarize
+from train.allocator import DEFAULT
 from train.flops import ModelDims, StepWork, _causal_attn_flops, generation_flops, step_flops, training_flops
 
 DIMS = ModelDims(body_params=1000, hidden=4, vocab=10, layers=2, attn_dim=3)
@@ -108,3 +109,32 @@ def test_response_lens_spread_totals():
         samples = 2
 
     assert _response_lens({"response_tokens": 7, "prompt_lens": [3, 4]}, A) == [2, 2, 2, 1]
+
+
+def test_kernel_usage_rows_per_side():
+    """System time and minor faults per step (medians after warm-up) are rows of the table for both sides."""
+    steps = [
+        {"step_s": 9.0, "rollout_s": 4.0, "update_s": 5.0, "prompt_tokens": 4, "response_tokens": 2,
+         "sys_s": 9.0, "minor_faults": 900_000},
+        {"step_s": 5.0, "rollout_s": 2.0, "update_s": 3.0, "prompt_tokens": 4, "response_tokens": 2,
+         "sys_s": 1.5, "minor_faults": 200_000},
+        {"step_s": 6.0, "rollout_s": 2.0, "update_s": 4.0, "prompt_tokens": 4, "response_tokens": 2,
+         "sys_s": 2.5, "minor_faults": 300_000},
+    ]  # fmt: skip
+    s = summarize(steps, warmup=1)
+    assert s["sys_s"] == 2.0 and s["minor_faults"] == 250_000
+    lines = format_table({"ours": s, "trl": {**s, "sys_s": 8.0, "minor_faults": 1_000_000}}).splitlines()
+    sys_row = next(line for line in lines if line.startswith("system s/step"))
+    assert sys_row.split()[-3:] == ["2.00", "8.00", "4.00"]
+    faults = next(line for line in lines if line.startswith("minor faults/step"))
+    assert faults.split()[-3:] == ["250000", "1000000", "4.00"]
+
+
+def test_allocator_flag(monkeypatch):
+    monkeypatch.delenv("RLPOST_ALLOCATOR", raising=False)
+    assert _parse([]).allocator_list == [DEFAULT]
+    assert _parse(["--allocators", "jemalloc,off"]).allocator_list == ["jemalloc", "off"]
+    monkeypatch.setenv("RLPOST_ALLOCATOR", "glibc")
+    assert _parse([]).allocator_list == ["glibc"]
+    with pytest.raises(SystemExit):
+        _parse(["--allocators", "mimalloc"])

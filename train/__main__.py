@@ -91,6 +91,9 @@ def _help(experiment: str | None, preset: str | None, overrides: list[str]) -> i
 
 
 if __name__ == "__main__":
+    from train import allocator
+
+    allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     code = main()
     sys.stdout.flush()
     os._exit(code)  # vLLM's in-process engine can keep non-daemon threads alive at exit

@@ -114,8 +114,10 @@ class Policy:
         self.model = model
         if trainable:
             model.train()
+            # fused: one kernel over all parameters; torch's default on CPU is a per-tensor Python loop
+            # (measured 7x slower on a 135M model: 1.9 s -> 0.26 s per step, 2 cores)
             self.optimizer = torch.optim.AdamW(
-                model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas
+                model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, fused=True
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, _lr_lambda(lr_schedule, warmup_steps, total_steps)

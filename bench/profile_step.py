@@ -1,0 +1,262 @@
+"""`make bench-profile`: where one GRPO step's time goes, on CPU, under torch's profiler.
+
+    python -m bench.profile_step [--precision bf16] [--steps 2] [--top 25] [--model default|tiny|DIR] [k=v ...]
+
+Runs the bench's workload (`bench.train_step`: P prompts x n samples x exactly T new tokens, no KL) with
+our trainer; the last step runs under `torch.profiler` (CPU activity, every thread), the earlier ones warm
+up. Prints, for that step:
+
+- each phase (rollout = the engine's generate, reward, update, weight sync): wall time, CPU time, system
+  time and minor page faults of the process (`getrusage`), i.e. how much of the phase the kernel took;
+- the top operators by self CPU time, each with its share of all operator time and its call count;
+- the share of operator time in matrix products (mm/addmm/bmm/linear kernels, oneDNN/vLLM GEMMs,
+  attention) against the rest (elementwise, copies and casts, softmax, optimizer, allocation);
+- the allocator in use (`RLPOST_ALLOCATOR`, train/allocator.py) and the load average: timings on a
+  shared machine are not idle figures, faults and system time are the load-robust ones.
+
+`--trace FILE` also writes a Chrome trace of the profiled step. `key=value` are train.config overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Operators whose self time is matrix-product work (names as torch's profiler reports them).
+MATMUL_MARKERS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::_addmm_activation",
+    "mkldnn",
+    "onednn",
+    "gemm",
+    "matmul",
+    "linear",
+    "aten::_scaled_dot_product",
+    "attention",
+)
+
+
+# ---- pure parts (tested in tests/test_profile_step.py) -----------------------------------------
+@dataclass(frozen=True)
+class OpRow:
+    name: str
+    self_cpu_us: float
+    calls: int
+
+
+def is_matmul(name: str) -> bool:
+    """Whether an operator's self time is matrix-product work (GEMMs and attention kernels)."""
+    low = name.lower()
+    return any(m in low for m in MATMUL_MARKERS)
+
+
+def rows_from_key_averages(averages) -> list[OpRow]:
+    """`profiler.key_averages()` -> one row per operator name, largest self CPU time first."""
+    rows = [OpRow(e.key, float(e.self_cpu_time_total), int(e.count)) for e in averages]
+    return sorted(rows, key=lambda r: r.self_cpu_us, reverse=True)
+
+
+def matmul_share(rows: list[OpRow]) -> float:
+    """The share of all operators' self CPU time spent in matrix products (0 when nothing was recorded)."""
+    total = sum(r.self_cpu_us for r in rows)
+    return sum(r.self_cpu_us for r in rows if is_matmul(r.name)) / total if total else 0.0
+
+
+def operator_table(rows: list[OpRow], top: int) -> str:
+    """The `top` operators by self CPU time: seconds, share of all operator time, calls, matmul or not."""
+    total = sum(r.self_cpu_us for r in rows) or 1.0
+    lines = [f"{'operator':<56} {'self_cpu_s':>10} {'share':>7} {'calls':>8}  kind"]
+    for r in rows[:top]:
+        kind = "matmul" if is_matmul(r.name) else "other"
+        name = r.name if len(r.name) <= 56 else r.name[:53] + "..."
+        lines.append(
+            f"{name:<56} {r.self_cpu_us / 1e6:>10.3f} {r.self_cpu_us / total:>7.1%} {r.calls:>8}  {kind}"
+        )
+    rest = rows[top:]
+    if rest:
+        lines.append(
+            f"{f'({len(rest)} more operators)':<56} {sum(r.self_cpu_us for r in rest) / 1e6:>10.3f}"
+            f" {sum(r.self_cpu_us for r in rest) / total:>7.1%}"
+        )
+    return "\n".join(lines)
+
+
+@dataclass
+class PhaseUsage:
+    """What one phase cost the process: wall, user and system CPU seconds, minor page faults."""
+
+    wall_s: float = 0.0
+    user_s: float = 0.0
+    sys_s: float = 0.0
+    minor_faults: int = 0
+    calls: int = 0
+
+    def add(self, before: tuple[float, float, float, int], after: tuple[float, float, float, int]) -> None:
+        self.wall_s += after[0] - before[0]
+        self.user_s += after[1] - before[1]
+        self.sys_s += after[2] - before[2]
+        self.minor_faults += after[3] - before[3]
+        self.calls += 1
+
+
+@dataclass
+class PhaseLog:
+    phases: dict[str, PhaseUsage] = field(default_factory=dict)
+
+    def table(self, step: PhaseUsage) -> str:
+        lines = [f"{'phase':<14} {'wall_s':>8} {'user_s':>8} {'sys_s':>8} {'minor_faults':>13} {'share':>7}"]
+        for name, u in [*self.phases.items(), ("step", step)]:
+            share = u.wall_s / step.wall_s if step.wall_s else 0.0
+            lines.append(
+                f"{name:<14} {u.wall_s:>8.2f} {u.user_s:>8.2f} {u.sys_s:>8.2f} {u.minor_faults:>13,}"
+                f" {share:>7.1%}"
+            )
+        return "\n".join(lines)
+
+
+# ---- measurement -------------------------------------------------------------------------------
+def usage_now() -> tuple[float, float, float, int]:
+    """(wall, user, system, minor faults) of this process, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt
+
+
+def _wrap(log: PhaseLog, phase: str, fn):
+    """`fn` timed into `log.phases[phase]` and marked as a profiler range of that name."""
+    import torch
+
+    def timed(*a, **kw):
+        usage = log.phases.setdefault(phase, PhaseUsage())
+        before = usage_now()
+        with torch.profiler.record_function(f"phase::{phase}"):
+            out = fn(*a, **kw)
+        usage.add(before, usage_now())
+        return out
+
+    return timed
+
+
+def instrument(trainer, log: PhaseLog) -> None:
+    """Time the trainer's phases through the objects it calls (its engine, reward and policy update)."""
+    engine = trainer.engine
+    engine.generate = _wrap(log, "rollout", engine.generate)
+    engine.update_weights = _wrap(log, "weight_sync", engine.update_weights)
+    trainer.reward_fn = _wrap(log, "reward", trainer.reward_fn)
+    trainer._update = _wrap(log, "update", trainer._update)
+
+
+@contextmanager
+def _quiet_profiler_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def profile(args) -> str:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from bench.train_step import _our_overrides
+    from train import allocator
+    from train.config import build_config
+    from train.stages.grpo import GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    out: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as run_dir:
+        trainer = GRPOTrainer(build_config(overrides=_our_overrides(args, run_dir)))
+        for step in range(1, args.steps):
+            m = trainer.step(step)
+            print(f"[profile] warm-up step {step}: {m['timing/step_s']:.2f}s", flush=True)
+        log = PhaseLog()
+        instrument(trainer, log)
+        step_usage = PhaseUsage()
+        with _quiet_profiler_warnings(), torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            before = usage_now()
+            m = trainer.step(args.steps)
+            step_usage.add(before, usage_now())
+        trainer.close()
+    rows = rows_from_key_averages(prof.key_averages())
+    rows = [r for r in rows if not r.name.startswith("phase::")]
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+    share = matmul_share(rows)
+    total_s = sum(r.self_cpu_us for r in rows) / 1e6
+    out.append(
+        f"GRPO step {args.steps} under torch.profiler, {args.precision}: {Path(args.model).name}, "
+        f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} new tokens, "
+        f"{args.threads} threads; allocator {allocator.describe()}; "
+        f"1-min load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
+    out.append(
+        f"trainer's own timings: step {m['timing/step_s']:.2f}s = rollout {m['timing/rollout_s']:.2f} + reward "
+        f"{m['timing/reward_s']:.2f} + update {m['timing/update_s']:.2f} + sync {m['timing/weight_sync_s']:.2f}"
+        " (profiled: the profiler's own overhead is in them)"
+    )
+    out += ["", log.table(step_usage), ""]
+    out.append(
+        f"operators: {total_s:.2f} s self CPU time recorded (all threads); matrix products {share:.1%},"
+        f" the rest {1 - share:.1%}"
+    )
+    out.append(operator_table(rows, args.top))
+    return "\n".join(out)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    p.add_argument("--steps", type=int, default=2, help="the last one is profiled (default 2: 1 warm-up)")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--model", default="default", help="default | tiny (random 2-layer Llama) | HF folder")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--trace", help="also write a Chrome trace (JSON) of the profiled step here")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (train.config keys)")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    tmp_model = None
+    if args.model == "tiny":
+        from train.models import build_tiny_model
+
+        tmp_model = tempfile.TemporaryDirectory(prefix="bench-tiny-")
+        args.model = str(build_tiny_model(Path(tmp_model.name) / "model"))
+    else:
+        from train.models import resolve_model_path
+
+        args.model = str(resolve_model_path(args.model))
+    report = profile(args)
+    print("=" * 100)
+    print(report, flush=True)
+    if tmp_model is not None:
+        tmp_model.cleanup()
+
+
+if __name__ == "__main__":
+    from train import allocator
+
+    allocator.ensure()
+    main()
+    sys.stdout.flush()
+    os._exit(0)  # vLLM's in-process engine can keep non-daemon threads alive at exit

@@ -1,0 +1,109 @@
+"""bench/profile_step.py's tables from a real torch profiler run, and train/allocator.py's settings.
+
+No timing assertions: the shares and rows come from what the profiler recorded, whatever the speed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.profile_step import (
+    OpRow,
+    PhaseLog,
+    PhaseUsage,
+    is_matmul,
+    matmul_share,
+    operator_table,
+    rows_from_key_averages,
+)
+from train import allocator
+
+
+def _profiled_rows() -> list[OpRow]:
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            c = torch.mm(a, b)
+            torch.relu(c)
+            torch.log_softmax(c, -1)
+    return rows_from_key_averages(prof.key_averages())
+
+
+def test_rows_from_a_real_profile_are_sorted_and_classified():
+    rows = _profiled_rows()
+    names = {r.name: r for r in rows}
+    assert names["aten::mm"].calls == 3 and names["aten::relu"].calls == 3
+    assert [r.self_cpu_us for r in rows] == sorted((r.self_cpu_us for r in rows), reverse=True)
+    assert is_matmul("aten::mm") and is_matmul("aten::addmm") and is_matmul("aten::linear")
+    assert (
+        not is_matmul("aten::relu") and not is_matmul("aten::_log_softmax") and not is_matmul("aten::copy_")
+    )
+    share = matmul_share(rows)
+    mm = sum(r.self_cpu_us for r in rows if is_matmul(r.name))
+    assert share == pytest.approx(mm / sum(r.self_cpu_us for r in rows))
+    assert 0.0 < share < 1.0
+
+
+def test_matmul_share_and_table_on_hand_rows():
+    rows = [OpRow("aten::mm", 600.0, 2), OpRow("aten::copy_", 300.0, 10), OpRow("aten::add_", 100.0, 5)]
+    assert matmul_share(rows) == pytest.approx(0.6)
+    assert matmul_share([]) == 0.0
+    table = operator_table(rows, top=2).splitlines()
+    assert table[1].split()[:5] == ["aten::mm", "0.001", "60.0%", "2", "matmul"]
+    assert table[2].split()[:5] == ["aten::copy_", "0.000", "30.0%", "10", "other"]
+    assert table[3].startswith("(1 more operators)") and table[3].split()[-1] == "10.0%"
+
+
+def test_phase_table_sums_usage_and_shares():
+    log = PhaseLog()
+    log.phases["rollout"] = PhaseUsage()
+    log.phases["rollout"].add((0.0, 1.0, 0.5, 100), (3.0, 4.0, 1.0, 1100))
+    step = PhaseUsage()
+    step.add((0.0, 0.0, 0.0, 0), (4.0, 5.0, 1.0, 2000))
+    lines = log.table(step).splitlines()
+    assert lines[1].split() == ["rollout", "3.00", "3.00", "0.50", "1,000", "75.0%"]
+    assert lines[2].split() == ["step", "4.00", "5.00", "1.00", "2,000", "100.0%"]
+
+
+def test_allocator_modes_and_child_env():
+    assert allocator.requested({}) == allocator.DEFAULT
+    assert allocator.requested({"RLPOST_ALLOCATOR": "GLIBC"}) == "glibc"
+    with pytest.raises(allocator.AllocatorError, match="RLPOST_ALLOCATOR='mimalloc'"):
+        allocator.requested({"RLPOST_ALLOCATOR": "mimalloc"})
+    tc = "/lib/libtcmalloc_minimal.so.4"
+    env = allocator.child_env("tcmalloc", {"LD_PRELOAD": "/x/libgomp.so", "MALLOC_MMAP_MAX_": "0"}, tc)
+    assert env["LD_PRELOAD"] == f"{tc}:/x/libgomp.so" and "MALLOC_MMAP_MAX_" not in env
+    je = allocator.child_env("jemalloc", env, "/lib/libjemalloc.so.2")  # one preloaded allocator at a time
+    assert (
+        je["LD_PRELOAD"] == "/lib/libjemalloc.so.2:/x/libgomp.so"
+        and je["MALLOC_CONF"] == allocator.JEMALLOC_CONF
+    )
+    fallback = allocator.child_env("tcmalloc", {}, None)  # library missing: glibc tuned instead
+    assert "LD_PRELOAD" not in fallback and fallback["MALLOC_MMAP_MAX_"] == "0"
+    off = allocator.child_env(
+        "off", {**je, **allocator.GLIBC_ENV, "A": "1"}, None
+    )  # what the project set goes
+    assert off == {"A": "1", "LD_PRELOAD": "/x/libgomp.so", "RLPOST_ALLOCATOR": "off"}
+
+
+def _child_allocator(mode: str) -> str:
+    """What a `python -m train.allocator` child reports as its allocator."""
+    code = "from train import allocator; print(allocator.describe())"
+    drop = {"LD_PRELOAD", "MALLOC_CONF", *allocator.GLIBC_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["RLPOST_ALLOCATOR"] = mode
+    cmd = [sys.executable, "-m", "train.allocator", sys.executable, "-c", code]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_launcher_puts_children_under_the_allocator():
+    assert _child_allocator("glibc") == "glibc (no mmap, no trim)"
+    assert _child_allocator("off") == "glibc (defaults)"
+    if allocator.find_library("tcmalloc") is None:
+        pytest.skip("libtcmalloc-minimal4 not installed (make setup installs it with apt)")
+    assert _child_allocator("tcmalloc") == "tcmalloc (preloaded)"
