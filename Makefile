@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -q -y $(REMOVE) 2>/dev/null || true
 	touch $@
 
-# The allocator every process runs under (train/allocator.py; default glibc, tuned, no package): RLPOST_ALLOCATOR=tcmalloc
+# The allocator every process runs under (infra/allocator.py; default glibc, tuned, no package): RLPOST_ALLOCATOR=tcmalloc
 # (libtcmalloc-minimal4) or jemalloc (libjemalloc2) is installed here with apt when missing; without apt/root the processes use tuned glibc malloc and say so.
 ALLOC_MODE := $(or $(RLPOST_ALLOCATOR),glibc)
 ALLOC_PKG := $(if $(filter tcmalloc,$(ALLOC_MODE)),libtcmalloc-minimal4,$(if $(filter jemalloc,$(ALLOC_MODE)),libjemalloc2,))
@@ -40,7 +40,7 @@ setup: $(STAMP)
 	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	       && { apt-get install -y -qq $(ALLOC_PKG) >/dev/null 2>&1 \
 	            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(ALLOC_PKG) >/dev/null 2>&1; }; }; } \
-	  || echo "note: $(ALLOC_PKG) not installed (needs apt as root): processes use glibc malloc without mmap/trim instead (RLPOST_ALLOCATOR, train/allocator.py)"
+	  || echo "note: $(ALLOC_PKG) not installed (needs apt as root): processes use glibc malloc without mmap/trim instead (RLPOST_ALLOCATOR, infra/allocator.py)"
 
 check-pins:  ## prove each backend extra resolves from the registry (pip --dry-run; downloads metadata only)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found"; exit 1; }
@@ -52,9 +52,9 @@ plan: setup  ## per-GPU memory and step time of an experiment: make plan EXP=dar
 model: setup  ## convert the embedded default model once (also done on first use)
 	$(PY) -m infra.models
 
-# under the project's allocator (python -m train.allocator: preloaded here, inherited by every child)
+# under the project's allocator (python -m infra.allocator: preloaded here, inherited by every child)
 test: setup
-	$(PY) -m train.allocator $(PY) -m pytest -q
+	$(PY) -m infra.allocator $(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

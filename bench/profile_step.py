@@ -11,7 +11,7 @@ up. Prints, for that step:
 - the top operators by self CPU time, each with its share of all operator time and its call count;
 - the share of operator time in matrix products (mm/addmm/bmm/linear kernels, oneDNN/vLLM GEMMs,
   attention) against the rest (elementwise, copies and casts, softmax, optimizer, allocation);
-- the allocator in use (`RLPOST_ALLOCATOR`, train/allocator.py) and the load average: timings on a
+- the allocator in use (`RLPOST_ALLOCATOR`, infra/allocator.py) and the load average: timings on a
   shared machine are not idle figures, faults and system time are the load-robust ones.
 
 `--trace FILE` also writes a Chrome trace of the profiled step. `key=value` are train.config overrides.
@@ -170,7 +170,7 @@ def profile(args) -> str:
     from torch.profiler import profile as torch_profile
 
     from bench.train_step import _our_overrides
-    from train import allocator
+    from infra import allocator
     from train.config import build_config
     from train.stages.grpo import GRPOTrainer
 
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from train import allocator
+    from infra import allocator
 
     allocator.ensure()
     main()

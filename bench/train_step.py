@@ -164,7 +164,7 @@ def _add_kernel_usage(step: dict, before: tuple[float, int]) -> None:
 
 def _worker_result(steps: list[dict], threads: int) -> dict:
     # The 1-minute load average at the end tells whether other processes shared the CPUs.
-    from train import allocator
+    from infra import allocator
 
     return {
         "steps": steps,
@@ -382,7 +382,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"--precision: unknown {bad} (expected fp32 and/or bf16)")
     args.side_list = [x.strip() for x in args.sides.split(",") if x.strip()]
-    from train.allocator import MODES, AllocatorError, requested
+    from infra.allocator import MODES, AllocatorError, requested
 
     try:
         default = requested()
@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
     dims = model_dims(args.model)
 
     tables = []
-    from train import allocator
+    from infra import allocator
 
     for precision, alloc in [(p, a) for p in args.precisions for a in args.allocator_list]:
         rate = bf16_rate if precision == "bf16" else fp32_rate  # the floor at this precision
@@ -565,7 +565,7 @@ def _response_lens(step: dict, args) -> list[int]:
 
 
 if __name__ == "__main__":
-    from train import allocator
+    from infra import allocator
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     main()

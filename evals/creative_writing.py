@@ -509,7 +509,7 @@ def rate(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from train import allocator
+    from infra import allocator
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     import sys

@@ -281,7 +281,7 @@ def answer_format(args: argparse.Namespace) -> str:
 SUITE = MathSuite()
 
 if __name__ == "__main__":
-    from train import allocator
+    from infra import allocator
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     main(SUITE)

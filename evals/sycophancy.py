@@ -486,7 +486,7 @@ class SycophancySuite:
 SUITE = SycophancySuite()
 
 if __name__ == "__main__":
-    from train import allocator
+    from infra import allocator
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     main(SUITE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.train_step import _parse, _response_lens, add_floor, format_table, ratio, summarize
-from train.allocator import DEFAULT
+from infra.allocator import DEFAULT
 from train.flops import ModelDims, StepWork, _causal_attn_flops, generation_flops, step_flops, training_flops
 
 DIMS = ModelDims(body_params=1000, hidden=4, vocab=10, layers=2, attn_dim=3)

@@ -1,4 +1,4 @@
-"""bench/profile_step.py's tables from a real torch profiler run, and train/allocator.py's settings.
+"""bench/profile_step.py's tables from a real torch profiler run, and infra/allocator.py's settings.
 
 No timing assertions: the shares and rows come from what the profiler recorded, whatever the speed."""
 
@@ -21,7 +21,7 @@ from bench.profile_step import (
     operator_table,
     rows_from_key_averages,
 )
-from train import allocator
+from infra import allocator
 
 
 def _profiled_rows() -> list[OpRow]:
@@ -92,12 +92,12 @@ def test_allocator_modes_and_child_env():
 
 
 def _child_allocator(mode: str) -> str:
-    """What a `python -m train.allocator` child reports as its allocator."""
-    code = "from train import allocator; print(allocator.describe())"
+    """What a `python -m infra.allocator` child reports as its allocator."""
+    code = "from infra import allocator; print(allocator.describe())"
     drop = {"LD_PRELOAD", "MALLOC_CONF", *allocator.GLIBC_ENV}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["RLPOST_ALLOCATOR"] = mode
-    cmd = [sys.executable, "-m", "train.allocator", sys.executable, "-c", code]
+    cmd = [sys.executable, "-m", "infra.allocator", sys.executable, "-c", code]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 

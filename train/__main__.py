@@ -91,7 +91,7 @@ def _help(experiment: str | None, preset: str | None, overrides: list[str]) -> i
 
 
 if __name__ == "__main__":
-    from train import allocator
+    from infra import allocator
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     code = main()

@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from train import allocator
+    from infra import allocator
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
     code = main()

@@ -19,7 +19,7 @@ memory in the process:
 `ensure()` is called first thing by each entry point (`python -m train`, the sweep, the pipeline, the
 benches, the evals): a preloaded allocator must be in place before the interpreter starts, so the entry
 point re-executes itself once with `LD_PRELOAD` set. Children (torchrun ranks, sweep jobs, vLLM's engine
-process, the bench workers) inherit the environment. `python -m train.allocator CMD ...` runs any command
+process, the bench workers) inherit the environment. `python -m infra.allocator CMD ...` runs any command
 under it (what `make test` does).
 
 Measured (`make bench-profile`, one bf16 step of 8 prompts x 4 samples x 64 tokens, 2 cores, load ~1.7):
@@ -186,10 +186,10 @@ def ensure(reexec: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m train.allocator CMD [ARG ...]`: run CMD under the requested allocator."""
+    """`python -m infra.allocator CMD [ARG ...]`: run CMD under the requested allocator."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: python -m train.allocator CMD [ARG ...]   ({ENV}={'|'.join(MODES)})")
+        print(f"usage: python -m infra.allocator CMD [ARG ...]   ({ENV}={'|'.join(MODES)})")
         return 0 if argv else 2
     ensure(reexec=False)
     os.execvpe(argv[0], argv, dict(os.environ))
