@@ -202,7 +202,9 @@ def test_every_method_trains_adapters_only(method, tiny_model, dist_group, tmp_p
 
 
 @pytest.mark.slow
-def test_checkpoint_holds_adapters_and_exports_a_peft_folder_or_merged_weights(tiny_model, dist_group, tmp_path):
+def test_checkpoint_holds_adapters_and_exports_a_peft_folder_or_merged_weights(
+    tiny_model, dist_group, tmp_path
+):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -214,7 +216,9 @@ def test_checkpoint_holds_adapters_and_exports_a_peft_folder_or_merged_weights(t
     for _ in range(2):
         policy.train_step(PROMPTS, RESPONSES, _nll)
     want, _ = policy.compute_log_probs(PROMPTS, RESPONSES)
-    adapter_step = ckpt.save_checkpoint(tmp_path / "a", 2, policy, tokenizer, {"step": 2}, source_model=tiny_model)
+    adapter_step = ckpt.save_checkpoint(
+        tmp_path / "a", 2, policy, tokenizer, {"step": 2}, source_model=tiny_model
+    )
     merged_step = ckpt.save_checkpoint(
         tmp_path / "m", 2, policy, tokenizer, {"step": 2}, source_model=tiny_model, hf_merged=True
     )
@@ -248,4 +252,6 @@ def test_checkpoint_holds_adapters_and_exports_a_peft_folder_or_merged_weights(t
     torch.testing.assert_close(got, want)
     policy.train_step(PROMPTS, RESPONSES, _nll)
     fresh.train_step(PROMPTS, RESPONSES, _nll)  # same optimizer state: the same next step
-    torch.testing.assert_close(fresh.compute_log_probs(PROMPTS, RESPONSES)[0], policy.compute_log_probs(PROMPTS, RESPONSES)[0])
+    torch.testing.assert_close(
+        fresh.compute_log_probs(PROMPTS, RESPONSES)[0], policy.compute_log_probs(PROMPTS, RESPONSES)[0]
+    )

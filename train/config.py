@@ -156,7 +156,9 @@ class OptimConfig:
 class LoraConfig:
     """LoRA adapters (PEFT) on the policy: only they train; the base stays frozen (train/policy/lora.py)."""
 
-    rank: int = checked(0, ">= 0", lambda n: n >= 0, note="0 = off")  # adapter rank r; 0 = every weight trains
+    rank: int = checked(
+        0, ">= 0", lambda n: n >= 0, note="0 = off"
+    )  # adapter rank r; 0 = every weight trains
     alpha: float = checked(32.0, "> 0", lambda a: a > 0)  # the adapter's update is scaled by alpha / rank
     dropout: float = checked(0.0, "in [0, 1)", lambda p: 0 <= p < 1)  # dropout on the adapters' input
     target_modules: list[str] = field(

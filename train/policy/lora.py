@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +136,9 @@ def freeze_base_in(model: nn.Module, dtype: torch.dtype) -> None:
             param.data = param.data.to(dtype)
 
 
-def merge_into(base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+def merge_into(
+    base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+) -> torch.Tensor:
     """W + scaling * B A in fp32 (the merged weight vLLM or an HF export receives)."""
     return base.float() + scaling * (lora_b.float() @ lora_a.float())
 
@@ -169,7 +170,9 @@ def write_adapter_folder(
     config = lora.peft_config()
     config.base_model_name_or_path = str(Path(base_model).resolve())
     config.save_pretrained(str(folder))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"}
+    )
     return folder
 
 

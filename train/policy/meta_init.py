@@ -120,7 +120,10 @@ def _stored_name(model: nn.Module, name: str, files: dict[str, StoredTensor]) ->
 
 
 def fresh_parameters(
-    model: nn.Module, files: dict[str, StoredTensor], seed: int = 0, known: dict[str, torch.Tensor] | None = None
+    model: nn.Module,
+    files: dict[str, StoredTensor],
+    seed: int = 0,
+    known: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Full values, identical on every rank, of the parameters the files lack (a value head on a causal LM's
     trunk), initialised by the model's own `_init_weights` as `from_pretrained` does; `known` values (LoRA

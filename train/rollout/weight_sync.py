@@ -23,7 +23,9 @@ ADAPTER, MERGED = "adapter", "merged"
 def sync_mode(policy, engine) -> str:
     """`adapter` when the policy trains LoRA adapters and the engine takes them, else `merged`."""
     lora = getattr(policy, "lora", None)
-    return ADAPTER if lora is not None and lora.enabled and getattr(engine, "takes_adapters", False) else MERGED
+    return (
+        ADAPTER if lora is not None and lora.enabled and getattr(engine, "takes_adapters", False) else MERGED
+    )
 
 
 def sync_weights(policy, engine) -> dict[str, float]:

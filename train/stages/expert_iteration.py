@@ -31,10 +31,10 @@ from data_prep.datasets import load_prompt_rows
 from train.data import PromptSampler, encode_prompts
 from train.heldout_metrics import heldout_metrics
 from train.loop import TrainingLoop, build_engine
-from train.rollout.weight_sync import sync_weights
 from train.policy.distributed import all_gather_objects, all_reduce_sum
 from train.rewards.base import RewardResult
 from train.rollout.base import SamplingConfig
+from train.rollout.weight_sync import sync_weights
 from train.stages.common import heldout_pass, peak_memory_gb, shard
 from train.stages.sft import sft_update
 
