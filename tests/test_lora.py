@@ -225,6 +225,9 @@ def test_checkpoint_holds_adapters_and_exports_a_peft_folder_or_merged_weights(
     hf = ckpt.hf_dir(adapter_step)
     assert (hf / "adapter_config.json").is_file() and (hf / "adapter_model.safetensors").is_file()
     assert not (hf / "model.safetensors").exists()
+    from evals.common.checkpoints import resolve
+
+    assert [r.path for r in resolve(str(adapter_step))] == [hf.resolve()]  # the evals take the step
     state_bytes = sum(f.stat().st_size for f in (adapter_step / "state").rglob("*") if f.is_file())
     base_bytes = (tiny_model / "model.safetensors").stat().st_size
     assert state_bytes < base_bytes / 5  # adapters + their AdamW state, not the frozen base
