@@ -258,3 +258,25 @@ def test_checkpoint_holds_adapters_and_exports_a_peft_folder_or_merged_weights(
     torch.testing.assert_close(
         fresh.compute_log_probs(PROMPTS, RESPONSES)[0], policy.compute_log_probs(PROMPTS, RESPONSES)[0]
     )
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_train_the_adapters_as_one_and_resume_at_one(tiny_model, tmp_path):
+    """FSDP2 over 2 gloo ranks: the adapters after one step equal one rank's on the whole batch, the frozen
+    base is the reference, and the 2-rank checkpoint (adapters + AdamW state, sharded) resumes at 1 rank."""
+    from tests.torchrun import run_worker
+
+    run_worker("lora_worker.py", 2, str(tiny_model), str(tmp_path / "two"), "step")
+    run_worker("lora_worker.py", 1, str(tiny_model), str(tmp_path / "one"), "step")
+    run_worker("lora_worker.py", 1, str(tiny_model), str(tmp_path / "two"), "load")
+    two, one = torch.load(tmp_path / "two" / "step-2.pt"), torch.load(tmp_path / "one" / "step-1.pt")
+    loaded = torch.load(tmp_path / "two" / "load-1.pt")
+    assert len(two["adapters"]) == 12
+    for key, value in two["adapters"].items():
+        torch.testing.assert_close(value, one["adapters"][key], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(loaded["adapters"][key], value)
+    torch.testing.assert_close(two["base"], two["reference"])
+    state_two, state_loaded = two["optim"]["state"], loaded["optim"]["state"]
+    assert set(state_two) == set(state_loaded) and all(".lora_" in k for k in state_two)
+    for key in state_two:
+        torch.testing.assert_close(state_loaded[key]["exp_avg_sq"], state_two[key]["exp_avg_sq"])
