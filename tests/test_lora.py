@@ -280,3 +280,12 @@ def test_two_gloo_ranks_train_the_adapters_as_one_and_resume_at_one(tiny_model, 
     assert set(state_two) == set(state_loaded) and all(".lora_" in k for k in state_two)
     for key in state_two:
         torch.testing.assert_close(state_loaded[key]["exp_avg_sq"], state_two[key]["exp_avg_sq"])
+
+
+def test_an_adapter_folder_as_model_path_is_refused_with_the_fix(tmp_path):
+    from train.models import ModelNotFoundError, resolve_model_path
+    from train.policy.lora import LoraSettings, write_adapter_folder
+
+    folder = write_adapter_folder(tmp_path / "hf", {}, LoraSettings(rank=4), tmp_path)
+    with pytest.raises(ModelNotFoundError, match="LoRA adapter folder.*save_hf_merged=true"):
+        resolve_model_path(str(folder))
