@@ -97,3 +97,43 @@ def test_evals_serve_a_lora_checkpoint_merged_onto_its_base(tiny_model, dist_gro
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     want = _hf_greedy(PeftModel.from_pretrained(base, str(ref.path)).merge_and_unload(), PROMPTS, 8)
     assert got == want
+
+
+def test_classmate_trains_adapters_with_merged_sync_into_a_plain_engine(tiny_model, vllm_engine, tmp_path):
+    """Classmate-CoT (GDPO, token-level classmate advantages) under LoRA, rolled out by a vLLM engine started
+    without adapters: the merged weights are streamed in and the engine then generates the merged policy's
+    greedy answers."""
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from train.models import build_tiny_model
+    from train.rollout.base import SamplingConfig
+    from train.stages.grpo import GRPOTrainer
+
+    classmate = build_tiny_model(tmp_path / "classmate", seed=7)
+    cfg = build_config(
+        overrides=[
+            f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}", "track=false", "total_steps=1",
+            "save_every=0", "data.prompts_per_step=2", "data.builtin_size=16", "rollout.n=4",
+            "rollout.max_new_tokens=12", "optim.lr=5e-2", "policy.precision=fp32", "policy.lora.rank=4",
+        ]
+    )  # fmt: skip
+    cfg.algorithm.adv_estimator = "gdpo"
+    cfg.reward = OmegaConf.create(
+        {
+            "_target_": "tests.test_classmate_train.ParityGradedClassmateReward",
+            "think_start": None, "think_end": " ", "use_classmate_main_cond": "always", "max_new_tokens": 6,
+            "classmates": [{"_target_": "train.rewards.classmate_reward.EngineClassmate",
+                            "model_path": str(classmate), "max_model_len": 512}],
+        }
+    )  # fmt: skip
+    cfg.run_name = "lora-classmate"
+    trainer = GRPOTrainer(cfg, engine=vllm_engine)
+    metrics = trainer.step(1)
+    assert metrics["rollout/weight_sync_adapter"] == 0.0
+    assert metrics["perf/weight_sync_bytes"] == 4 * sum(t.numel() for _, t in trainer.policy.full_weights())
+    merged = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    merged.load_state_dict(dict(trainer.policy.full_weights()), strict=False)
+    got = vllm_engine.generate(PROMPTS, SamplingConfig(n=1, temperature=0.0, max_new_tokens=8)).response_ids
+    assert got == _hf_greedy(merged, PROMPTS, 8)
+    trainer.close()
