@@ -289,3 +289,18 @@ def test_an_adapter_folder_as_model_path_is_refused_with_the_fix(tmp_path):
     folder = write_adapter_folder(tmp_path / "hf", {}, LoraSettings(rank=4), tmp_path)
     with pytest.raises(ModelNotFoundError, match="LoRA adapter folder.*save_hf_merged=true"):
         resolve_model_path(str(folder))
+
+
+def test_a_lora_stage_feeding_another_must_export_merged_weights(tmp_path, monkeypatch):
+    """make pipeline: a LoRA stage's hf/ is an adapter folder, which the next stage cannot start from; the
+    plan refuses it in one line naming the key, and accepts it with save_hf_merged=true."""
+    from tests.test_pipeline import _tiny_stages, _write_experiment
+    from train.pipeline import plan
+
+    monkeypatch.setattr("train.config.EXPERIMENTS_DIR", tmp_path)
+    monkeypatch.setenv("RLPOST_EXPERIMENTS_DIR", str(tmp_path))  # as tests/test_pipeline.py's fixture
+    _write_experiment(tmp_path, "pipe", _tiny_stages(tmp_path / "model", tmp_path / "out"))
+    with pytest.raises(ConfigError, match=r"sft.save_hf_merged=true"):
+        plan("pipe", ["sft.policy.lora.rank=4"])
+    stages = plan("pipe", ["sft.policy.lora.rank=4", "sft.save_hf_merged=true"])
+    assert stages[-1].cfg.model.path.endswith("/hf")
