@@ -116,13 +116,18 @@ def _grpo_cfg(tiny_model, run_dir, *extra):
 
 
 @pytest.mark.slow
-def test_grpo_with_kl_loss_uses_the_base_as_reference(tiny_model, dist_group, tmp_path):
+def test_grpo_with_kl_loss_uses_the_base_as_reference(tiny_model, dist_group, tmp_path, monkeypatch):
+    import mlflow
+
     from train.policy.fsdp import FrozenBase
     from train.stages.grpo import GRPOTrainer
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     cfg = _grpo_cfg(tiny_model, tmp_path / "run", "algorithm.use_kl_loss=true", "algorithm.kl_loss_type=k3")
-    cfg.run_name = "lora-kl"
+    cfg.track, cfg.run_name = True, "lora-kl"
     trainer = GRPOTrainer(cfg)
+    params = mlflow.MlflowClient().get_run(trainer.run_id).data.params
+    assert params["rollout/weight_sync"] == "merged" and params["policy.lora.rank"] == "4"
     assert isinstance(trainer.ref, FrozenBase) and trainer.ref.policy is trainer.policy
     first = trainer.step(1)
     second = trainer.step(2)
