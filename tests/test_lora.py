@@ -309,3 +309,16 @@ def test_a_lora_stage_feeding_another_must_export_merged_weights(tmp_path, monke
         plan("pipe", ["sft.policy.lora.rank=4"])
     stages = plan("pipe", ["sft.policy.lora.rank=4", "sft.save_hf_merged=true"])
     assert stages[-1].cfg.model.path.endswith("/hf")
+
+
+def test_vllm_engine_arguments_for_adapters():
+    """vLLM takes adapters up to max_lora_rank, one of its fixed sizes: the smallest that holds the rank."""
+    from train.rollout.vllm_engine import engine_kwargs, lora_slot_rank
+
+    plain = engine_kwargs("cpu", "float32", 0, 256, 1)
+    assert "enable_lora" not in plain
+    kwargs = engine_kwargs("cuda", "bfloat16", 0, 256, 1, lora_rank=20)
+    assert kwargs["enable_lora"] and kwargs["max_loras"] == 1 and kwargs["max_lora_rank"] == 32
+    assert [lora_slot_rank(r) for r in (1, 4, 16, 64, 300)] == [1, 8, 16, 64, 320]
+    with pytest.raises(ValueError, match="policy.lora.rank=600"):
+        lora_slot_rank(600)
