@@ -322,3 +322,20 @@ def test_vllm_engine_arguments_for_adapters():
     assert [lora_slot_rank(r) for r in (1, 4, 16, 64, 300)] == [1, 8, 16, 64, 320]
     with pytest.raises(ValueError, match="policy.lora.rank=600"):
         lora_slot_rank(600)
+
+
+def test_gradient_checkpointing_trains_the_adapters_as_without(tiny_model, dist_group):
+    """Recomputed layers (use_reentrant=False) give the adapters the same gradient though no input of the
+    checkpointed blocks requires grad (the embedding is frozen)."""
+    from train.policy.fsdp import Policy
+
+    steps = []
+    for checkpointing in (False, True):
+        policy = Policy(
+            tiny_model, precision="fp32", lr=1e-2, lora=LORA, gradient_checkpointing=checkpointing
+        )
+        metrics = policy.train_step(PROMPTS, RESPONSES, _nll)
+        steps.append((metrics["actor/grad_norm"], dict(policy.adapter_weights())))
+    assert steps[0][0] > 0 and steps[1][0] == pytest.approx(steps[0][0], rel=1e-5)
+    for key, value in steps[0][1].items():
+        torch.testing.assert_close(steps[1][1][key], value)
