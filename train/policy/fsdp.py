@@ -10,6 +10,12 @@ gradients and the AdamW state are fp32 and sharded over the ranks; under `precis
 the gradients in fp32 (`precision=auto` decides by measuring, see precision.py). `cpu_offload` keeps the
 shards, their gradients and the optimizer step on the CPU (FSDP2 `CPUOffloadPolicy`) for models whose
 state does not fit beside the activations and the rollout engine.
+
+With `lora` (policy.lora.rank > 0) the HF model is wrapped by PEFT on the meta device before sharding
+(train/policy/lora.py): the base parameters are frozen (stored in bf16 under bf16 precision: no fp32 master,
+gradient or AdamW state), only the adapters are in the optimizer, `frozen_base()` is the reference (the
+adapters disabled, no second copy), `full_weights()` yields merged weights and `adapter_weights()` the
+adapters alone (what an engine that takes adapters receives, train/rollout/weight_sync.py).
 """
 
 from __future__ import annotations
