@@ -352,7 +352,8 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
         cpu_offload=bool(pol.cpu_offload),
         gpu_memory_utilization=engine["gpu_memory_utilization"],
         tensor_parallel_size=engine["tensor_parallel_size"],
-        sleep_level=engine["sleep_level"],
+        # under LoRA vLLM sleeps at level 1 at most (level 2 would discard the base an adapter sync keeps)
+        sleep_level=min(engine["sleep_level"], 1) if pol.lora.rank > 0 else engine["sleep_level"],
         max_model_len=engine["max_model_len"],
         engine="hf_generate" if str(r.engine.get("_target_", "")).endswith("HFEngine") else "vllm",
         lora_rank=int(pol.lora.rank),
