@@ -238,12 +238,12 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     tmp_model = None
     if args.model == "tiny":
-        from train.models import build_tiny_model
+        from infra.models import build_tiny_model
 
         tmp_model = tempfile.TemporaryDirectory(prefix="bench-tiny-")
         args.model = str(build_tiny_model(Path(tmp_model.name) / "model"))
     else:
-        from train.models import resolve_model_path
+        from infra.models import resolve_model_path
 
         args.model = str(resolve_model_path(args.model))
     report = profile(args)

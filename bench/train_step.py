@@ -1,6 +1,7 @@
 """`make bench`: one GRPO step of this project timed against TRL's `GRPOTrainer`, same model and data.
 
     python -m bench.train_step [--steps 4] [--precision fp32,bf16] [--model default|tiny|DIR] [key=value ...]
+    python -m bench.train_step --lora-rank 16 ...   # ours with LoRA adapters (policy.lora) vs ours full weights
 
 Both sides run the same workload: the prompts our trainer samples for steps 1..S (builtin arithmetic,
 `data_prep.arithmetic.generate`), P prompts x n samples x exactly T new tokens (EOS suppressed until T:
@@ -8,6 +9,10 @@ vLLM `min_tokens`, HF `min_new_tokens`), the project's math reward, no KL, one o
 rollout batch. Each side runs in its own subprocess (separate peak RSS; vLLM and TRL never share a
 process) with the same OMP thread count. The first step of each side is a warm-up; the table shows
 medians over the remaining steps. `key=value` arguments are extra overrides for our side only.
+
+`--lora-rank R` (sides `ours,lora` unless --sides says otherwise): the same step of ours with `policy.lora.rank=R`
+(PEFT adapters on every attention/MLP projection, base frozen) against ours training every weight: step time
+split rollout / update / weight sync, peak RSS, and the bytes each step's weight sync hands the engine.
 
 The compute floor of a step is its matmul FLOPs (generation ~2*N*tokens with each prompt prefilled once,
 training ~6*N*tokens over prompt+response, plus the LM head on the positions whose logits are computed,
@@ -30,8 +35,9 @@ from pathlib import Path
 from train.flops import ModelDims, StepWork, step_flops
 from train.rollout.vllm_engine import VLLMEngine  # imports vLLM itself only when an engine starts
 
-SIDES = ("ours", "trl")
-SIDE_LABELS = {"ours": "ours (vLLM+FSDP2)", "trl": "TRL 1.16 (HF generate)"}
+SIDES = ("ours", "trl", "lora")
+SIDE_LABELS = {"ours": "ours (vLLM+FSDP2)", "trl": "TRL 1.16 (HF generate)", "lora": "ours + LoRA"}
+SHORT = {"ours": "ours", "trl": "TRL", "lora": "LoRA"}
 TIMING_KEYS = ("step_s", "rollout_s", "reward_s", "update_s", "weight_sync_s")
 # what the kernel did for the step (getrusage of the worker): a lead that comes from the machine shows here
 MACHINE_KEYS = ("sys_s", "minor_faults")
@@ -42,6 +48,8 @@ def summarize(steps: list[dict], warmup: int) -> dict[str, float]:
     """Medians over the timed steps (after `warmup`) of the timings, token counts and derived rates."""
     timed = steps[warmup:] or steps[-1:]
     out = {k: statistics.median(s[k] for s in timed) for k in TIMING_KEYS if all(k in s for s in timed)}
+    if all("weight_sync_bytes" in s for s in timed):
+        out["weight_sync_mb"] = statistics.median(s["weight_sync_bytes"] for s in timed) / 1e6
     for k in ("prompt_tokens", "response_tokens", *MACHINE_KEYS):
         if all(k in s for s in timed):
             out[k] = statistics.median(s[k] for s in timed)
@@ -72,13 +80,14 @@ def _fmt(value: float | None, kind: str) -> str:
     return f"{value:.0f}"
 
 
-# (label, key, format); the ratio column is TRL / ours for every row.
+# (label, key, format); the ratio column is the second side / the first for every row.
 TABLE_ROWS = [
     ("step_s (median)", "step_s", "s"),
     ("  rollout_s", "rollout_s", "s"),
     ("  reward_s", "reward_s", "s"),
     ("  update_s", "update_s", "s"),
     ("  weight_sync_s", "weight_sync_s", "s"),
+    ("weight sync MB/step", "weight_sync_mb", "s"),
     ("rollout tokens/s", "rollout_tokens_per_s", "n"),
     ("train tokens/s", "train_tokens_per_s", "n"),
     ("response tokens/step", "response_tokens", "n"),
@@ -91,12 +100,13 @@ TABLE_ROWS = [
 ]
 
 
-def format_table(results: dict[str, dict[str, float]]) -> str:
-    """`results[side][key]` -> a fixed-width table with one column per side and TRL/ours."""
-    headers = ["", SIDE_LABELS["ours"], SIDE_LABELS["trl"], "TRL/ours"]
+def format_table(results: dict[str, dict[str, float]], pair: tuple[str, str] = ("ours", "trl")) -> str:
+    """`results[side][key]` -> a fixed-width table with a column per side of `pair` and second/first."""
+    first, second = pair
+    headers = ["", SIDE_LABELS[first], SIDE_LABELS[second], f"{SHORT[second]}/{SHORT[first]}"]
     rows = []
     for label, key, kind in TABLE_ROWS:
-        ours, trl = results.get("ours", {}).get(key), results.get("trl", {}).get(key)
+        ours, trl = results.get(first, {}).get(key), results.get(second, {}).get(key)
         r = ratio(trl, ours)
         rows.append([label, _fmt(ours, kind), _fmt(trl, kind), "-" if r is None else f"{r:.2f}"])
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
@@ -212,7 +222,7 @@ def _step_prompts(args) -> tuple[list[dict], list[int]]:
     return [kept[i][0] for i in order], [kept[i][1] for i in order]
 
 
-def run_ours(args) -> dict:
+def run_ours(args, lora_rank: int = 0) -> dict:
     import torch
 
     from train.config import build_config
@@ -220,7 +230,8 @@ def run_ours(args) -> dict:
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-ours-") as run_dir:
-        trainer = GRPOTrainer(build_config(overrides=_our_overrides(args, run_dir)))
+        overrides = _our_overrides(args, run_dir) + ([f"policy.lora.rank={lora_rank}"] if lora_rank else [])
+        trainer = GRPOTrainer(build_config(overrides=overrides))
         steps = []
         for step in range(1, args.steps + 1):
             rows = [trainer.prompt_ids[i] for i in trainer.sampler.batch(step)]
@@ -234,6 +245,8 @@ def run_ours(args) -> dict:
                     "reward_s": m["timing/reward_s"],
                     "update_s": m["timing/update_s"],
                     "weight_sync_s": m["timing/weight_sync_s"],
+                    "weight_sync_bytes": m["perf/weight_sync_bytes"],
+                    "weight_sync_adapter": m["rollout/weight_sync_adapter"],
                     "prompt_lens": [len(r) for r in rows],
                     "prompt_tokens": n * sum(len(r) for r in rows),
                     "response_tokens": round(m["train/response_length_mean"] * len(rows) * n),
@@ -363,7 +376,14 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--sides", default="ours,trl", help="comma list of ours,trl")
+    p.add_argument(
+        "--sides",
+        default=None,
+        help="comma list of ours,trl,lora (default ours,trl; ours,lora with --lora-rank)",
+    )
+    p.add_argument(
+        "--lora-rank", type=int, default=0, help="the lora side's policy.lora.rank (default 16 when it runs)"
+    )
     p.add_argument(
         "--allocators",
         default=None,
@@ -381,7 +401,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [x for x in args.precisions if x not in ("fp32", "bf16")]
     if bad:
         p.error(f"--precision: unknown {bad} (expected fp32 and/or bf16)")
-    args.side_list = [x.strip() for x in args.sides.split(",") if x.strip()]
+    sides = args.sides or ("ours,lora" if args.lora_rank else "ours,trl")
+    args.side_list = [x.strip() for x in sides.split(",") if x.strip()]
     from infra.allocator import MODES, AllocatorError, requested
 
     try:
@@ -393,6 +414,9 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--allocators: expected a comma list of {MODES}")
     if any(s not in SIDES for s in args.side_list):
         p.error(f"--sides: expected a comma list of {SIDES}")
+    if args.lora_rank < 0:
+        p.error("--lora-rank must be >= 0")
+    args.lora_rank = args.lora_rank or 16
     if args.steps < 1:
         p.error("--steps must be >= 1")
     return args
@@ -408,7 +432,10 @@ def _prefer_oom_kill() -> None:
 
 def _worker_main(args) -> None:
     _prefer_oom_kill()
-    result = run_ours(args) if args.worker == "ours" else run_trl(args)
+    if args.worker == "trl":
+        result = run_trl(args)
+    else:
+        result = run_ours(args, args.lora_rank if args.worker == "lora" else 0)
     Path(args.out).write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)  # vLLM/reward pools can leave non-daemon threads behind
@@ -425,7 +452,8 @@ def _run_side(args, side: str, precision: str, env: dict, alloc: str) -> tuple[d
     cmd = [sys.executable, "-m", "bench.train_step", "--worker", side, "--out", out, "--precision", precision]
     cmd += ["--steps", str(args.steps), "--model", args.model, "--prompts", str(args.prompts)]
     cmd += ["--samples", str(args.samples), "--new-tokens", str(args.new_tokens)]
-    cmd += ["--threads", str(args.threads), "--seed", str(args.seed), *args.overrides]
+    cmd += ["--threads", str(args.threads), "--seed", str(args.seed), "--lora-rank", str(args.lora_rank)]
+    cmd += args.overrides
     print(f"[bench] {side} {precision} {alloc}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env)
@@ -521,6 +549,15 @@ def main(argv: list[str] | None = None) -> None:
                 for s in timed
             )
             add_floor(summary, flops, rate)
+            if side == "lora":
+                notes.append(
+                    f"lora: policy.lora.rank={args.lora_rank}; weight sync path "
+                    + (
+                        "adapter (vLLM LoRARequest)"
+                        if timed[-1].get("weight_sync_adapter")
+                        else "merged weights"
+                    )
+                )
             if side == "ours":  # the FLOPs it actually runs: each group's prompt once in training
                 own = statistics.median(
                     step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples), True)
@@ -546,7 +583,10 @@ def main(argv: list[str] | None = None) -> None:
             f" (model body {dims.body_params / 1e6:.1f}M params, LM head {dims.hidden}x{dims.vocab});"
             " TRL's update_s = step - generate - reward (includes its scoring bookkeeping)"
         )
-        tables.append("\n".join([title, format_table(results), note, *notes]))
+        pair = (
+            tuple((args.side_list + ["trl"])[:2]) if len(args.side_list) != 1 else (args.side_list[0], "trl")
+        )
+        tables.append("\n".join([title, format_table(results, pair), note, *notes]))
     print("=" * 100)
     print(f"[bench] {rates}")
     if not accelerated:

@@ -87,6 +87,14 @@ def resolve_model_path(path: str) -> Path:
 
     if p.is_dir() and (ckpt.hf_dir(p) / "config.json").is_file():  # a training checkpoint folder
         return ckpt.hf_dir(p).resolve()
+    from infra.adapter_folder import is_adapter_folder
+
+    for folder in (p, ckpt.hf_dir(p)):
+        if is_adapter_folder(folder):
+            raise ModelNotFoundError(
+                f"model.path={path!r} is a LoRA adapter folder (adapter_config.json), not a model: train from "
+                "its base model, or write merged weights with save_hf_merged=true in the run (stage) that saved it"
+            )
     raise ModelNotFoundError(
         f"model.path={path!r}: no HF checkpoint there (expected a folder with config.json); "
         "use model.path=default for the embedded SmolLM2-135M-Instruct"

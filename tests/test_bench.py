@@ -138,3 +138,20 @@ def test_allocator_flag(monkeypatch):
     assert _parse([]).allocator_list == ["glibc"]
     with pytest.raises(SystemExit):
         _parse(["--allocators", "mimalloc"])
+
+
+def test_lora_side_flags_and_table():
+    args = _parse(["--lora-rank", "16"])
+    assert args.side_list == ["ours", "lora"] and args.lora_rank == 16
+    assert _parse(["--sides", "ours,lora"]).lora_rank == 16  # the lora side's default rank
+    results = {
+        "ours": {"step_s": 10.0, "weight_sync_mb": 538.0},
+        "lora": {"step_s": 8.0, "weight_sync_mb": 7.4},
+    }
+    lines = format_table(results, ("ours", "lora")).splitlines()
+    assert "LoRA/ours" in lines[0]
+    sync = next(line for line in lines if line.startswith("weight sync MB/step"))
+    assert sync.split()[-3:] == ["538.00", "7.40", "0.01"]
+    steps = [{"step_s": 1.0, "prompt_tokens": 1, "response_tokens": 1, "rollout_s": 1, "update_s": 1,
+              "weight_sync_bytes": b} for b in (9e6, 2e6, 4e6)]  # fmt: skip
+    assert summarize(steps, 1)["weight_sync_mb"] == pytest.approx(3.0)

@@ -44,6 +44,8 @@ def _candidates(default: str) -> list[str]:
         return ["1", "0.5", "true", "token", "builtin:arithmetic", "something"]
     if isinstance(value, dict):
         return []  # a dict of free keys (tags): set below as tags.<key>
+    if isinstance(value, list):  # a list of names (policy.lora.target_modules): a shorter one
+        return [f"[{value[0]}]" if value else "[x]"]
     return [f"{value}_other", "something"]
 
 

@@ -156,3 +156,29 @@ def test_generation_is_priced_by_memory_traffic_and_kv_capacity():
     roomy = _workload(**{**w.__dict__, "gpu_memory_utilization": 0.8})
     more = generation_time(qwen, roomy, memory(qwen, roomy, spec["memory_gib"]), spec, 0.6, 0.4)
     assert more["concurrency"] > gen["concurrency"] and more["decode_s"] < gen["decode_s"]
+
+
+def test_lora_state_is_the_frozen_base_plus_fp32_adapter_state_by_hand():
+    """policy.lora.rank=r: the base frozen at the compute dtype (no gradients, no AdamW, it is the KL
+    reference too), the adapters r x (in + out) per target with fp32 master, gradient and AdamW (16 B each)."""
+    # TINY, rank 2 on q_proj (4 -> 4) and down_proj (8 -> 4): 2 x (4 + 4) + 2 x (8 + 4) = 40 per layer
+    assert TINY.lora_params(2, ("q_proj", "down_proj")) == 2 * 40
+    assert TINY.lora_params(1, ("all-linear",)) == 2 * (8 + 6 + 6 + 8 + 12 + 12 + 12)
+    lora = _workload(lora_rank=2, lora_targets=("q_proj", "down_proj"), ref_pass=True)
+    mem = {k: v * GIB for k, v in memory(TINY, lora, 1.0).items()}
+    full = {k: v * GIB for k, v in memory(TINY, _workload(ref_pass=True), 1.0).items()}
+    assert mem["base_frozen"] == pytest.approx(2 * 348 / 2)  # bf16, sharded over 2
+    assert (mem["params_fp32"], mem["grads_fp32"], mem["adamw_fp32"]) == pytest.approx(
+        (4 * 40, 4 * 40, 8 * 40)
+    )
+    assert mem["ref_params_fp32"] == 0 and full["ref_params_fp32"] == pytest.approx(4 * 348 / 2)
+    assert mem["root_gradient"] == 0  # the embedding is frozen
+    assert mem["activations_no_ckpt"] == full["activations_no_ckpt"]
+    assert mem["weight_sync"] == 4 * 80 and full["weight_sync"] == 2 * 348
+    assert step_flops(TINY, lora)["update"] < step_flops(TINY, _workload(ref_pass=True))["update"]
+
+
+def test_cli_plans_darling_paper_with_lora(capsys):
+    assert main(["experiment=darling_math", "preset=paper", "gpu=h100", "policy.lora.rank=16"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "LoRA: frozen base, bf16" in out and "(the LoRA adapter, fp32)" in out

@@ -2,7 +2,8 @@
 for every name and path, and for the completeness check).
 
 `hf/` is a plain HF model folder (config, safetensors, tokenizer) that vLLM, transformers and the
-eval packages read directly, streamed out one gathered parameter at a time, in `save_hf_dtype`
+eval packages read directly (under `policy.lora`: the PEFT adapter folder, adapter_config.json +
+adapter_model.safetensors naming its base model, unless `save_hf_merged=true`), streamed out one gathered parameter at a time, in `save_hf_dtype`
 (float32: the master weights; bfloat16: half the bytes). `state/` is the policy's model and optimizer
 state as `torch.distributed.checkpoint` shards: every rank writes its own slices (no rank ever holds the
 whole model or AdamW state), and a job of any world size reads them back resharded. `critic/` (PPO with
@@ -278,15 +279,18 @@ def _write_checkpoint(
     critic=None,
     fsync: bool = True,
     hf_dtype: str = "float32",
+    hf_merged: bool = False,
 ) -> Path | None:
     """The writes of `save_checkpoint` (which ends with the ranks' agreement, the final barrier).
 
     `critic` (a `train.policy.critic.Critic`, or None) is saved beside the policy (`restore_critic`).
-    `fsync=False` only to measure what the fsyncs cost (a power loss may then leave a bad step)."""
+    `fsync=False` only to measure what the fsyncs cost (a power loss may then leave a bad step).
+    Under LoRA (`policy.lora.enabled`) `hf/` is the PEFT adapter folder, or with `hf_merged` the base
+    model with the adapters merged in; `state/` holds the adapters and their optimizer state."""
     import torch
 
     from train.policy.distributed import all_gather_objects, barrier, io_group
-    from train.policy.sharded_state import export_hf, save_sharded
+    from train.policy.sharded_state import export_adapter, export_hf, save_sharded
 
     group = io_group()  # the ranks wait for rank 0's file work here (gloo, I/O timeout), never in NCCL
     rngs = all_gather_objects(rng_state(), group=group)
@@ -303,10 +307,12 @@ def _write_checkpoint(
     if critic is not None:
         save_sharded(critic, tmp / CRITIC)
     generation_config = Path(source_model) / "generation_config.json" if source_model is not None else None
-    export_hf(
-        policy, hf_dir(tmp), tokenizer, dtype=hf_dtype,
-        extra_files=(generation_config,) if generation_config is not None else (),
-    )  # fmt: skip
+    extras = (generation_config,) if generation_config is not None else ()
+    lora = getattr(policy, "lora", None)
+    if lora is not None and lora.enabled and not hf_merged:
+        export_adapter(policy, hf_dir(tmp), tokenizer, extra_files=extras)
+    else:
+        export_hf(policy, hf_dir(tmp), tokenizer, dtype=hf_dtype, extra_files=extras)
     if rank == 0:
         schedulers = {"scheduler": policy.scheduler.state_dict()}
         if critic is not None:

@@ -153,6 +153,20 @@ class OptimConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters (PEFT) on the policy: only they train; the base stays frozen (train/policy/lora.py)."""
+
+    rank: int = checked(
+        0, ">= 0", lambda n: n >= 0, note="0 = off"
+    )  # adapter rank r; 0 = every weight trains
+    alpha: float = checked(32.0, "> 0", lambda a: a > 0)  # the adapter's update is scaled by alpha / rank
+    dropout: float = checked(0.0, "in [0, 1)", lambda p: 0 <= p < 1)  # dropout on the adapters' input
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # module names (suffixes) that get adapters, or [all-linear]
+
+
+@dataclass
 class PolicyConfig:
     precision: str = checked(
         "auto", choices=("auto", "fp32", "bf16")
@@ -167,6 +181,7 @@ class PolicyConfig:
     )
     attn_implementation: str = "auto"  # auto | sdpa | flex_attention | flash_attention_2 | eager (auto: flex_attention on GPU, sdpa on CPU)
     cpu_offload: bool = False  # GPU: keep parameter shards, gradients and optimizer step on the CPU
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: train LoRA adapters only (PEFT)
 
 
 @dataclass
@@ -188,6 +203,7 @@ class RunConfig:
     save_hf_dtype: str = checked(
         "float32", choices=("float32", "bfloat16")
     )  # each checkpoint's hf/ export: float32 | bfloat16 (resuming reads state/)
+    save_hf_merged: bool = False  # under policy.lora: hf/ holds merged weights, not the PEFT adapter folder
     resume: bool = False  # continue from <run_dir>/checkpoints/latest in the same MLflow run
     checkpoint_on_preempt: bool = True  # SIGTERM/SIGUSR2 (preemption, scancel, time limit): checkpoint, exit
     preempt_grace_s: float = checked(
@@ -404,6 +420,12 @@ def check_fields(cfg: DictConfig, schema: type, prefix: str = "") -> None:
 def validate_run(cfg: DictConfig, schema: type = RunConfig) -> None:
     """The keys every loop shares (RunConfig, or `schema`): their declared ranges and choices."""
     check_fields(cfg, schema)
+    lora = cfg.policy.lora
+    if lora.rank > 0 and not lora.target_modules:
+        raise ConfigError(
+            "bad config value: policy.lora.target_modules=[] with policy.lora.rank > 0: name the modules "
+            "that get adapters, e.g. [q_proj,v_proj] or [all-linear]"
+        )
 
 
 def validate_components(cfg: DictConfig, supplied: dict[str, set[str]] | None = None) -> None:

@@ -57,7 +57,12 @@ def engine_spec(cfg: DictConfig, weights: str | Path, precision: str) -> dict:
 
     spec = OmegaConf.to_container(cfg.rollout.engine, resolve=True)
     _, params = target_params("rollout.engine", spec["_target_"])
-    supplied = {"model_path": str(weights), "dtype": engine_dtype(cfg, precision), "seed": cfg.seed}
+    supplied = {
+        "model_path": str(weights),
+        "dtype": engine_dtype(cfg, precision),
+        "seed": cfg.seed,
+        "lora_rank": cfg.policy.lora.rank,
+    }
     if spec.get("dtype") == "auto":
         del spec["dtype"]
     for name, value in supplied.items():
@@ -102,7 +107,9 @@ class TrainingLoop:
         self.start_step, self.state, latest = self._resume_state()
         self.latest_checkpoint = latest
         self.critic = None  # a value model, when the method has one (saved with each checkpoint)
-        self.weights = layout.hf_dir(latest) if latest is not None else self.model_path
+        # under LoRA the policy is the base model plus adapters (restored from state/), whatever hf/ holds
+        lora = cfg.policy.lora.rank > 0
+        self.weights = layout.hf_dir(latest) if latest is not None and not lora else self.model_path
         self.engine, self.owns_engine = engine, engine is None
         self.load_data()  # before any model loads: a bad dataset path fails at once
         self.policy = self._build_policy()
@@ -116,6 +123,10 @@ class TrainingLoop:
             else:  # resumed on more ranks than saved it: the new ranks keep their seeded streams
                 self.print(f"rank {self.rank}: no saved RNG state ({len(rngs)} ranks saved); seeded afresh")
             self.restore(self.state)
+            if self.policy.lora.enabled and self.engine is not None:  # it was built from the base model
+                from train.rollout.weight_sync import sync_weights
+
+                sync_weights(self.policy, self.engine)  # the resumed adapters
         self.tracker, self.run_id = self._start_tracking()
 
     # ---- what a method supplies -----------------------------------------------------------------
@@ -219,6 +230,7 @@ class TrainingLoop:
             path = ckpt.save_checkpoint(
                 self.run_dir, step, self.policy, self.tokenizer, state, keep_last=self.cfg.keep_last,
                 source_model=self.model_path, critic=self.critic, hf_dtype=self.cfg.save_hf_dtype,
+                hf_merged=self.cfg.save_hf_merged,
             )  # fmt: skip
         except ckpt.CheckpointError as exc:
             if required:
@@ -265,6 +277,7 @@ class TrainingLoop:
             pack_sequences=pol.pack_sequences,
             attn_implementation=pol.attn_implementation,
             cpu_offload=pol.cpu_offload,
+            lora=pol.lora,
             warmup_steps=opt.warmup_steps,
             lr_schedule=opt.schedule,
             total_steps=cfg.total_steps,
@@ -286,6 +299,10 @@ class TrainingLoop:
         run_id = all_gather_objects(run_id)[0]
         tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         tracker.log_params(self.policy.precision_choice.as_params())  # what policy.precision=auto chose
+        if self.engine is not None:  # LoRA adapters alone, or every weight (train/rollout/weight_sync.py)
+            from train.rollout.weight_sync import sync_mode
+
+            tracker.log_params({"rollout/weight_sync": sync_mode(self.policy, self.engine)})
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(redacted_yaml(cfg))

@@ -201,6 +201,12 @@ def plan(
         cfg.tags = {**dict(cfg.tags), **tags}
         if upstream is not None:
             up = planned[upstream]
+            if up.cfg.policy.lora.rank > 0 and not up.cfg.save_hf_merged:  # its hf/ is an adapter folder
+                raise ConfigError(
+                    f"stages.{name}.model_from={upstream}: stage {upstream} trains LoRA adapters "
+                    f"(policy.lora.rank={up.cfg.policy.lora.rank}) and exports them alone; pass "
+                    f"{upstream}.save_hf_merged=true so that {name} starts from merged weights"
+                )
             cfg.model.path = str(ckpt.hf_dir(ckpt.step_dir(up.cfg.run_dir, up.cfg.total_steps)))
         planned[name] = PlannedStage(name, spec._target_, stage, cfg, key, upstream)
     return list(planned.values())

@@ -122,6 +122,19 @@ class Arch:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate + 2 * h
 
+    def lora_params(self, rank: int, targets) -> int:
+        """Adapter parameters of rank r on the named linear layers: r x (in + out) each, every layer."""
+        h, q, kv, i = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        )
+        shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                  "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
+        names = set(shapes) if "all-linear" in targets else set(targets) & set(shapes)
+        return self.layers * sum(rank * (a + b) for n, (a, b) in shapes.items() if n in names)
+
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
 
@@ -155,6 +168,8 @@ class Workload:
     sleep_level: int
     max_model_len: int
     engine: str = "vllm"  # vllm | hf_generate (HF generate keeps a bf16 copy of the model and no sleep mode)
+    lora_rank: int = 0  # policy.lora.rank: > 0 = the base frozen at the compute dtype, adapters train
+    lora_targets: tuple[str, ...] = ()
     dense_attention: bool = False  # a (T, T) mask per micro-batch (SDPA with a mask: the CPU path); False on
     # GPU, where attention is variable-length (flash / flex) and keeps no T x T tensor
 
@@ -162,17 +177,26 @@ class Workload:
 def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
     """Bytes per GPU of each component (see the module docstring), in GiB."""
     P, W, b = arch.params(), w.world_size, w.compute_bytes
-    state = 0.0 if w.cpu_offload else 16.0 * P / W
+    # under LoRA the trained parameters are the adapters' A; the base (P) is frozen at the compute dtype, sharded,
+    # with no gradient and no AdamW state, and it is the KL reference too (adapters disabled: no second copy)
+    A = arch.lora_params(w.lora_rank, w.lora_targets) if w.lora_rank else 0
+    trained = A if w.lora_rank else P
+    offload = 0.0 if w.cpu_offload else 1.0
     out = {
-        "params_fp32": 0.0 if w.cpu_offload else 4.0 * P / W,
-        "grads_fp32": 0.0 if w.cpu_offload else 4.0 * P / W,
-        "adamw_fp32": 0.0 if w.cpu_offload else 8.0 * P / W,
-        "unsharded_layers": 2.0 * arch.layer_params() * b,
+        "base_frozen": offload * b * P / W if w.lora_rank else 0.0,
+        "params_fp32": offload * 4.0 * trained / W,
+        "grads_fp32": offload * 4.0 * trained / W,
+        "adamw_fp32": offload * 8.0 * trained / W,
+        "unsharded_layers": 2.0 * (arch.layer_params() + A / max(arch.layers, 1)) * b,
         # the root FSDP group (token embedding, LM head when untied, final norm): all-gathered at the compute
         # dtype through the forward and backward, and its unsharded gradient before the fp32 reduce-scatter
+        # (frozen under LoRA: no gradient)
         "unsharded_root": (P - arch.layers * arch.layer_params()) * b,
-        "root_gradient": (P - arch.layers * arch.layer_params()) * 4.0,
+        "root_gradient": 0.0 if w.lora_rank else (P - arch.layers * arch.layer_params()) * 4.0,
     }
+    state = out["base_frozen"] + out["params_fp32"] + out["grads_fp32"] + out["adamw_fp32"]
+    # bytes each step's weight sync hands the engine: the fp32 adapter, or every weight in bf16
+    out["weight_sync"] = 4.0 * A if w.lora_rank else 2.0 * P
     h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
     per_token_layer = (4 * h + 4 * q + 4 * kv + 4 * i) * b
     T = w.micro_batch_tokens
@@ -184,7 +208,7 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
     out["logprob_temporaries"] = 1.0 * min(T, logprob_chunk_rows(arch.vocab)) * arch.vocab * 4
     out["attention_mask"] = float(T * T) if w.dense_attention else 0.0  # bool (1, 1, T, T)
     # the frozen reference policy (KL): fp32 weights, sharded, no gradients or optimizer
-    out["ref_params_fp32"] = 4.0 * P / W if (w.ref_pass and not w.cpu_offload) else 0.0
+    out["ref_params_fp32"] = 4.0 * P / W if (w.ref_pass and not w.cpu_offload and not w.lora_rank) else 0.0
     # a no-grad forward (old / reference log-probs): one layer's activations live at a time, the hidden
     # states between layers, and the micro-batch's logits (log-probs computed on the packed tokens)
     out["logprob_pass"] = (
@@ -250,6 +274,8 @@ def step_flops(arch: Arch, w: Workload) -> dict[str, float]:
     forward_only = train / 3.0 * (int(w.old_logprob_pass) + int(w.ref_pass))
     # gradient checkpointing runs every layer's forward again in the backward: 4 forwards' worth, not 3
     recompute = train / 3.0 * w.epochs if w.gradient_checkpointing else 0.0
+    if w.lora_rank:  # no weight gradients of the frozen base: forward + input gradients, 4N per token of 6N
+        train *= 2.0 / 3.0
     return {
         "generation": generation_flops(dims, work),
         "update": train * w.epochs + forward_only + recompute,
@@ -326,9 +352,12 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
         cpu_offload=bool(pol.cpu_offload),
         gpu_memory_utilization=engine["gpu_memory_utilization"],
         tensor_parallel_size=engine["tensor_parallel_size"],
-        sleep_level=engine["sleep_level"],
+        # under LoRA vLLM sleeps at level 1 at most (level 2 would discard the base an adapter sync keeps)
+        sleep_level=min(engine["sleep_level"], 1) if pol.lora.rank > 0 else engine["sleep_level"],
         max_model_len=engine["max_model_len"],
         engine="hf_generate" if str(r.engine.get("_target_", "")).endswith("HFEngine") else "vllm",
+        lora_rank=int(pol.lora.rank),
+        lora_targets=tuple(pol.lora.target_modules),
     )
 
 
@@ -483,8 +512,19 @@ def report(
         f"{'bf16' if w.compute_bytes == 2 else 'fp32'} compute; micro-batch {w.micro_batch_tokens} tokens",
         "",
         "memory per GPU (GiB)",
+        *(
+            [
+                row(
+                    f"LoRA: frozen base, {'bf16' if w.compute_bytes == 2 else 'fp32'} (sharded)",
+                    mem["base_frozen"],
+                    f"rank {w.lora_rank}: {arch.lora_params(w.lora_rank, w.lora_targets) / 1e6:,.1f} M adapter parameters",
+                )
+            ]
+            if w.lora_rank
+            else []
+        ),
         row(
-            f"parameters fp32 (sharded 1/{w.world_size})",
+            f"{'adapter ' if w.lora_rank else ''}parameters fp32 (sharded 1/{w.world_size})",
             mem["params_fp32"],
             "cpu_offload: on the host" if w.cpu_offload else "",
         ),
@@ -507,7 +547,11 @@ def report(
         row(
             "attention mask (dense only)", mem["attention_mask"], "" if w.dense_attention else "varlen: none"
         ),
-        row("reference policy fp32 (sharded)", mem["ref_params_fp32"], "" if w.ref_pass else "no KL: none"),
+        row(
+            "reference policy fp32 (sharded)",
+            mem["ref_params_fp32"],
+            "LoRA: the base, adapters off" if w.lora_rank else ("" if w.ref_pass else "no KL: none"),
+        ),
         row("old/ref log-prob pass (one micro-batch)", mem["logprob_pass"]),
         row(
             engine_label,
@@ -537,6 +581,8 @@ def report(
         f"time per step: update {t_update:.3g} s at MFU {mfu:.2f} + generation {t_gen:.3g} s (bandwidth- and "
         f"KV-bound) = {t_update + t_gen:.3g} s ({(t_update + t_gen) * cfg.total_steps / 3600:.3g} h for "
         f"{cfg.total_steps} steps)",
+        f"weight sync per step: {mem['weight_sync'] * GIB / 1e6:,.1f} MB "
+        + ("(the LoRA adapter, fp32)" if w.lora_rank else "(every weight, bf16)"),
         at_risk_line(cfg.get("save_every", 0), t_update + t_gen, cfg.total_steps),
     ]
     bad = problems(arch, w, mem, spec["memory_gib"])

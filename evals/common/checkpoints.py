@@ -51,7 +51,9 @@ def _client():
 
 
 def _is_hf_folder(path: Path) -> bool:
-    return (path / "config.json").is_file()
+    """An HF model folder, or a PEFT LoRA adapter folder (a `policy.lora` checkpoint's hf/: generation
+    merges it onto its base, evals/common/generation.py)."""
+    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
 
 
 def step_folder_ref(folder: Path, run_id: str | None = None) -> CheckpointRef:
@@ -62,7 +64,8 @@ def step_folder_ref(folder: Path, run_id: str | None = None) -> CheckpointRef:
     hf = ckpt.hf_dir(folder)
     if not _is_hf_folder(hf):
         raise CheckpointNotFound(
-            f"checkpoint {folder} has no HF model folder ({hf}/config.json); it cannot be loaded"
+            f"checkpoint {folder} has no HF model or adapter folder ({hf}/config.json or adapter_config.json);"
+            " it cannot be loaded"
         )
     step = ckpt.step_of(folder)
     run_dir = folder.parent.parent
@@ -117,8 +120,8 @@ def _from_folder(path: Path, step: int | None) -> list[CheckpointRef]:
     if _is_hf_folder(path):
         return [CheckpointRef(path, None, None, path.name)]
     raise CheckpointNotFound(
-        f"{path} is not a checkpoint: expected a step_N folder with hf/, a run folder, or an HF model "
-        "folder with config.json"
+        f"{path} is not a checkpoint: expected a step_N folder with hf/, a run folder, an HF model "
+        "folder with config.json or a LoRA adapter folder with adapter_config.json"
     )
 
 

@@ -14,6 +14,7 @@ depend on batching and a resumed run reproduces the uninterrupted one.
 from __future__ import annotations
 
 import json
+import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ class VLLMGenerator:
         # this share of the GPU while it lives; 0.9 assumes the eval runs in its own process on its own GPU
         self.gpu_memory_utilization = gpu_memory_utilization
         self.engine = engine  # a shared engine (tests) is adopted: its weights are replaced on load
+        self._merged_dir: Path | None = None  # a LoRA adapter merged onto its base (see _merged)
         self._arch: dict | None = None
         self.model_dir: Path | None = None
         self.tokenizer = None
@@ -106,6 +108,11 @@ class VLLMGenerator:
         model_dir = Path(model_dir)
         if self.model_dir == model_dir:
             return
+        from infra.adapter_folder import is_adapter_folder
+
+        source = model_dir
+        if is_adapter_folder(model_dir):  # a policy.lora checkpoint: its adapter merged onto its base
+            model_dir = self._merged(model_dir)
         try:
             arch = architecture(model_dir)
             from transformers import AutoTokenizer
@@ -137,7 +144,30 @@ class VLLMGenerator:
                 )
             except Exception as exc:
                 raise GenerationError(f"checkpoint {model_dir} cannot be loaded: {_one_line(exc)}") from None
-        self._arch, self.model_dir, self.tokenizer = arch, model_dir, tokenizer
+        self._arch, self.model_dir, self.tokenizer = arch, source, tokenizer
+
+    def _merged(self, adapter_dir: Path) -> Path:
+        """A LoRA adapter folder merged onto its base model (adapter_config.json's base_model_name_or_path)
+        as a plain HF folder in a private temporary folder (the previous one deleted): the engine then
+        loads or swaps it like any checkpoint."""
+        import shutil
+        import tempfile
+
+        from transformers import AutoTokenizer
+
+        from infra.adapter_folder import merged_model_from_adapter
+
+        try:
+            model = merged_model_from_adapter(adapter_dir)
+        except (OSError, ValueError) as exc:  # AdapterFolderError is a ValueError
+            raise GenerationError(f"checkpoint {adapter_dir} cannot be loaded: {_one_line(exc)}") from None
+        if self._merged_dir is not None:
+            shutil.rmtree(self._merged_dir, ignore_errors=True)
+        self._merged_dir = Path(tempfile.mkdtemp(prefix="rlpost-merged-"))
+        weakref.finalize(self, shutil.rmtree, self._merged_dir, True)  # gone with the generator
+        model.save_pretrained(self._merged_dir)
+        AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(self._merged_dir)
+        return self._merged_dir
 
     def prompt_ids(self, conversation: list[dict] | str) -> list[int]:
         """A conversation through the chat template; a plain string (a prompt template's text) as it is."""

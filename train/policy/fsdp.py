@@ -10,6 +10,12 @@ gradients and the AdamW state are fp32 and sharded over the ranks; under `precis
 the gradients in fp32 (`precision=auto` decides by measuring, see precision.py). `cpu_offload` keeps the
 shards, their gradients and the optimizer step on the CPU (FSDP2 `CPUOffloadPolicy`) for models whose
 state does not fit beside the activations and the rollout engine.
+
+With `lora` (policy.lora.rank > 0) the HF model is wrapped by PEFT on the meta device before sharding
+(train/policy/lora.py): the base parameters are frozen (stored in bf16 under bf16 precision: no fp32 master,
+gradient or AdamW state), only the adapters are in the optimizer, `frozen_base()` is the reference (the
+adapters disabled, no second copy), `full_weights()` yields merged weights and `adapter_weights()` the
+adapters alone (what an engine that takes adapters receives, train/rollout/weight_sync.py).
 """
 
 from __future__ import annotations
@@ -35,6 +41,18 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from train.policy.attention import ATTENTION, pick_attention, shared_prompt_block_mask
 from train.policy.batching import MicroBatch, empty_micro_batch, plan_layout
 from train.policy.distributed import all_reduce_max, device
+from train.policy.lora import (
+    ADAPTER_NAME,
+    LoraSettings,
+    adapter_key,
+    decoder_layers,
+    freeze_base_in,
+    fresh_adapter,
+    hf_name,
+    is_adapter,
+    merge_into,
+)
+from train.policy.lora import wrap as lora_wrap
 from train.policy.meta_init import build_on_meta, fresh_parameters, materialize, weight_files
 from train.policy.packed_logprobs import kept_entropy, kept_log_probs
 from train.policy.precision import PRECISIONS, resolve_precision
@@ -65,6 +83,7 @@ class Policy:
         pack_sequences: bool = False,
         attn_implementation: str = "auto",
         cpu_offload: bool = False,
+        lora: LoraSettings | dict | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
@@ -89,14 +108,22 @@ class Policy:
                 " set policy.pack_sequences=true (padding-free rows) or policy.share_prompts=false"
             )
         # parameters on the meta device, sharded, then each rank reads its own rows (meta_init.py)
+        self.lora = LoraSettings.of(lora)
+        self.model_path = Path(model_path)
         config = AutoConfig.from_pretrained(str(model_path))
         files = weight_files(model_path)
         model = build_on_meta(lambda: self._model_from_config(config))
-        fresh = fresh_parameters(model, files)
-        self.config = model.config
         if gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        self.config = model.config
+        adapter_init: dict[str, torch.Tensor] = {}
+        if self.lora.enabled:  # PEFT adapters on the meta model; the base frozen (in bf16 under bf16)
+            model = lora_wrap(model, self.lora)
+            adapter_init = fresh_adapter(model)
+            if self.precision == "bf16":  # FSDP2 casts every parameter to bf16 for compute anyway
+                freeze_base_in(model, torch.bfloat16)
+        fresh = fresh_parameters(model, files, known=adapter_init)
         self.world_size = dist.get_world_size()
         kwargs: dict = {"mesh": init_device_mesh(self.device.type, (self.world_size,))}
         if self.precision == "bf16":
@@ -104,7 +131,7 @@ class Policy:
         self.cpu_offload = cpu_offload and self.device.type == "cuda"  # on a CPU-only rank it is a no-op
         if self.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-        for layer in model.model.layers:
+        for layer in decoder_layers(model):
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
         # the shards' storage on the device (the host when offloaded; buffers stay on the device), then the rows
@@ -112,12 +139,17 @@ class Policy:
             model, files, fresh, torch.device("cpu") if self.cpu_offload else self.device, self.device
         )
         self.model = model
+        if self.lora.enabled:
+            # FSDP2 fixes each unit's gradient reduce dtype at its first forward from the parameters that
+            # require grad then; PEFT's disable_adapter() (the reference pass) turns that off on the adapters,
+            # so the first forward runs here, adapters on (a one-token batch; collective on every rank)
+            self.compute_log_probs([[self.pad_id]], [[self.pad_id]])
         if trainable:
             model.train()
             # fused: one kernel over all parameters; torch's default on CPU is a per-tensor Python loop
             # (measured 7x slower on a 135M model: 1.9 s -> 0.26 s per step, 2 cores)
             self.optimizer = torch.optim.AdamW(
-                model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, fused=True
+                self.trainable_parameters(), lr=lr, weight_decay=weight_decay, betas=betas, fused=True
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, _lr_lambda(lr_schedule, warmup_steps, total_steps)
@@ -127,6 +159,16 @@ class Policy:
             model.requires_grad_(False)
             self.optimizer = None
             self.scheduler = None
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer updates: every parameter, or under LoRA the adapters alone."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def frozen_base(self) -> FrozenBase:
+        """The frozen reference under LoRA: this model with its adapters disabled (no second copy)."""
+        if not self.lora.enabled:
+            raise ValueError("frozen_base needs policy.lora.rank > 0 (else build a trainable=False Policy)")
+        return FrozenBase(self)
 
     metric_prefix = "actor"  # train_step's grad_norm / micro_batches metrics: <prefix>/...
 
@@ -242,7 +284,7 @@ class Policy:
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
             del mb, loss, log_probs, entropy  # nothing of this micro-batch outlives its turn
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.grad_clip)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
@@ -259,14 +301,38 @@ class Policy:
 
     # ---- weights out / in ----------------------------------------------------------------------
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Unsharded parameters one at a time (every rank gets each tensor), HF names, tied ones once."""
+        """Unsharded parameters one at a time (every rank gets each tensor), HF names, tied ones once.
+        Under LoRA: the base model's weights with the adapters merged in (W + alpha/r * B A, fp32)."""
         seen: set[int] = set()
+        adapted = dict(self._adapted_modules()) if self.lora.enabled else {}
         for name, param in self.model.named_parameters():
-            if id(param) in seen:
+            if id(param) in seen or is_adapter(name):
                 continue
             seen.add(id(param))
-            tensor = param.full_tensor() if isinstance(param, DTensor) else param
-            yield name, tensor.detach()
+            tensor = _full(param)
+            owner = name.rsplit(".", 2)[0] if name.endswith(".base_layer.weight") else None
+            if owner in adapted:
+                module = adapted[owner]
+                a = _full(module.lora_A[ADAPTER_NAME].weight)
+                b = _full(module.lora_B[ADAPTER_NAME].weight)
+                tensor = merge_into(tensor, a, b, self.lora.scaling)
+            yield hf_name(name), tensor.detach()
+
+    def _adapted_modules(self) -> Iterator[tuple[str, torch.nn.Module]]:
+        """(name, module) of every LoRA-wrapped layer."""
+        for name, module in self.model.named_modules():
+            if hasattr(module, "lora_A") and ADAPTER_NAME in getattr(module, "lora_A", {}):
+                yield name, module
+
+    def adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Under LoRA: the adapter tensors, unsharded (every rank), with the keys of PEFT's adapter file."""
+        for name, param in self.model.named_parameters():
+            if is_adapter(name):
+                yield adapter_key(name), _full(param).detach()
+
+    def adapter_bytes(self) -> int:
+        """Bytes of the adapter tensors (fp32): what an adapter sync moves."""
+        return sum(p.numel() * p.element_size() for n, p in self.model.named_parameters() if is_adapter(n))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model on rank 0 (CPU), empty elsewhere; for checkpoints."""
@@ -293,6 +359,22 @@ class Policy:
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
         )
         self.scheduler.load_state_dict(scheduler_state)
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    return param.full_tensor() if isinstance(param, DTensor) else param
+
+
+class FrozenBase:
+    """A LoRA policy seen with its adapters disabled (PEFT's `disable_adapter()`): the frozen reference
+    of the KL loss and of DPO, sharing the base weights, never a second copy."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def compute_log_probs(self, prompt_ids, response_ids, with_entropy: bool = False):
+        with self.policy.model.disable_adapter():
+            return self.policy.compute_log_probs(prompt_ids, response_ids, with_entropy)
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -80,6 +80,11 @@ def _header(path: Path) -> dict[str, StoredTensor]:
 def weight_files(folder: str | Path) -> dict[str, StoredTensor]:
     """Every tensor of an HF folder's safetensors (one file or an index), read from the headers only."""
     folder = Path(folder)
+    if (folder / "adapter_config.json").is_file():
+        raise WeightsError(
+            f"model.path={folder} is a LoRA adapter folder, not a model: train from its base model "
+            "(adapter_config.json's base_model_name_or_path), or export merged weights with save_hf_merged=true"
+        )
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -97,7 +102,15 @@ def weight_files(folder: str | Path) -> dict[str, StoredTensor]:
 
 
 def _stored_name(model: nn.Module, name: str, files: dict[str, StoredTensor]) -> str | None:
-    """The file's key of parameter `name`: the same, or without the base-model prefix (a base model's files)."""
+    """The file's key of parameter `name`: the same, or without the base-model prefix (a base model's files);
+    a PEFT-wrapped model's base parameters by their HF names (train/policy/lora.py), its adapters: None."""
+    from train.policy.lora import hf_name
+
+    if name in files:
+        return name
+    name = hf_name(name)
+    if name is None:
+        return None
     if name in files:
         return name
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
@@ -107,14 +120,21 @@ def _stored_name(model: nn.Module, name: str, files: dict[str, StoredTensor]) ->
 
 
 def fresh_parameters(
-    model: nn.Module, files: dict[str, StoredTensor], seed: int = 0
+    model: nn.Module,
+    files: dict[str, StoredTensor],
+    seed: int = 0,
+    known: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Full values, identical on every rank, of the parameters the files lack (a value head on a causal LM's
-    trunk), initialised by the model's own `_init_weights` as `from_pretrained` does. A missing parameter of
-    the trunk (`base_model_prefix`) is an error: the files belong to another architecture."""
+    trunk), initialised by the model's own `_init_weights` as `from_pretrained` does; `known` values (LoRA
+    adapters' own init) are taken as they are. A missing parameter of the trunk (`base_model_prefix`) is an
+    error: the files belong to another architecture."""
     import copy
 
-    missing = [n for n, _ in model.named_parameters() if _stored_name(model, n, files) is None]
+    known = known or {}
+    missing = [
+        n for n, _ in model.named_parameters() if n not in known and _stored_name(model, n, files) is None
+    ]
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
     trunk = [n for n in missing if n.startswith(prefix)]
     if trunk:
@@ -122,7 +142,7 @@ def fresh_parameters(
             f"the model's safetensors lack {len(trunk)} trunk parameter(s) ({', '.join(trunk[:3])} ...): "
             "model.path must be a folder of this architecture's weights"
         )
-    fresh: dict[str, torch.Tensor] = {}
+    fresh: dict[str, torch.Tensor] = dict(known)
     owners = {n.rsplit(".", 1)[0] if "." in n else "" for n in missing}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

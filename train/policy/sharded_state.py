@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from train.policy.distributed import all_gather_objects, barrier, io_group
+from train.policy.lora import hf_name, is_adapter, write_adapter_folder
 
 MODEL_KEY, OPTIM_KEY = "model", "optim"
 
@@ -43,10 +44,18 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def _adapters_only(policy) -> bool:
+    lora = getattr(policy, "lora", None)
+    return lora is not None and lora.enabled
+
+
 def _state(policy) -> dict:
+    """Model (under LoRA: the adapters alone; the frozen base is the model.path files) and optimizer state."""
     model_sd, optim_sd = get_state_dict(
         policy.model, [policy.optimizer] if policy.optimizer is not None else [], options=StateDictOptions()
     )
+    if _adapters_only(policy):
+        model_sd = {k: v for k, v in model_sd.items() if is_adapter(k)}
     state = {MODEL_KEY: model_sd}
     if policy.optimizer is not None:
         state[OPTIM_KEY] = optim_sd
@@ -73,6 +82,7 @@ def load_sharded(policy, src: str | Path) -> None:
         [policy.optimizer] if policy.optimizer is not None else [],
         model_state_dict=state[MODEL_KEY],
         optim_state_dict=state.get(OPTIM_KEY, {}),
+        options=StateDictOptions(strict=not _adapters_only(policy)),  # LoRA: the base is not in the shards
     )
 
 
@@ -143,13 +153,40 @@ def export_hf(
     return folder
 
 
+def export_adapter(policy, dest: str | Path, tokenizer=None, extra_files: tuple[Path, ...] = ()) -> Path:
+    """Under LoRA: the adapters alone as a PEFT adapter folder `dest` (adapter_config.json naming the base
+    model, adapter_model.safetensors in fp32, the tokenizer), which `PeftModel.from_pretrained` and vLLM's
+    `--lora-modules` read. Collective (each adapter tensor is gathered on every rank); rank 0 writes."""
+    folder = Path(dest)
+    tensors = {k: v.detach().to("cpu", torch.float32) for k, v in policy.adapter_weights()}
+    if _rank() == 0:
+        write_adapter_folder(folder, tensors, policy.lora, policy.model_path)
+        for f in folder.iterdir():
+            _fsync_file(f)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        for extra in extra_files:
+            if Path(extra).is_file():
+                shutil.copy(extra, folder / Path(extra).name)
+    barrier(io_group())
+    return folder
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _owners(policy, tied: bool, world: int) -> dict[str, int]:
     """Which rank writes each exported parameter: contiguous runs in `full_weights` order, cut where the
     running size crosses k/world of the total (every rank computes the same from the global shapes)."""
     sizes = [
-        (name, p.numel())
-        for name, p in policy.model.named_parameters()  # deduplicated as full_weights does
-        if not (tied and name == "lm_head.weight")
+        (hf_name(name), p.numel())
+        for name, p in policy.model.named_parameters()  # deduplicated as full_weights does (HF names)
+        if hf_name(name) is not None and not (tied and hf_name(name) == "lm_head.weight")
     ]
     total, done, owner = sum(n for _, n in sizes) or 1, 0, {}
     for name, n in sizes:

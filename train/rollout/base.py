@@ -22,6 +22,7 @@ ENGINE_ARGS = {
     "model_path": "the policy's weights (model.path; not a rollout.engine key)",
     "dtype": "the policy's resolved precision",
     "seed": "the run's seed",
+    "lora_rank": "policy.lora.rank (the engine serves the policy LoRA adapters; 0 = full weights)",
 }
 
 

@@ -91,6 +91,9 @@ class RayEngine:
         spec = dict(engine or DEFAULT_INNER)
         if spec.get("_target_", "").endswith("RayEngine"):
             raise ValueError("rollout.engine.engine: a RayEngine cannot wrap another RayEngine")
+        # LoRA adapters are not routed to the actors (no load_adapter here): they get merged weights, so their
+        # engines start without adapter slots (train/rollout/weight_sync.py)
+        engine_kwargs.pop("lora_rank", None)
         _, params = target_params("rollout.engine.engine", spec["_target_"])
         takes = {p.name for p in params or ()} if params and not any(p.var_keyword for p in params) else None
         # what the trainer supplies every engine (ENGINE_ARGS) goes on only where the inner engine takes it

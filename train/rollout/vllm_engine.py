@@ -81,6 +81,7 @@ def engine_kwargs(
     tensor_parallel_size: int = 1,
     sleep_level: int = 2,
     enforce_eager: bool | None = None,
+    lora_rank: int = 0,
 ) -> dict:
     """The keyword arguments of `vllm.LLM(...)` for an engine colocated on `device_type` (cpu | cuda)."""
     check_settings(world_size, gpu_memory_utilization, tensor_parallel_size, sleep_level)
@@ -91,6 +92,8 @@ def engine_kwargs(
         "enable_prefix_caching": enable_prefix_caching,
         "max_num_batched_tokens": max(8192, max_model_len),
     }
+    if lora_rank > 0:  # one adapter slot: the policy's current adapter, replaced each step
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=lora_slot_rank(lora_rank))
     if world_size > 1:
         kwargs["distributed_executor_backend"] = "external_launcher"
     if tensor_parallel_size > 1:
@@ -105,6 +108,17 @@ def engine_kwargs(
         # ("CPU Generator does not use offset"): prefill whole prompts instead.
         kwargs["enable_chunked_prefill"] = False
     return kwargs
+
+
+LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's LoRAConfig.max_lora_rank choices
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of `rank`."""
+    for slot in LORA_SLOT_RANKS:
+        if rank <= slot:
+            return slot
+    raise ValueError(f"policy.lora.rank={rank}: vLLM serves LoRA adapters up to rank {LORA_SLOT_RANKS[-1]}")
 
 
 def bucketed(
@@ -216,6 +230,7 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         sleep_level: int = 2,
         weight_bucket_mb: int = 512,
+        lora_rank: int = 0,
     ) -> None:
         _configure_env(kv_cache_gb)
         import torch.distributed as dist
@@ -234,8 +249,14 @@ class VLLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             sleep_level=sleep_level,
             enforce_eager=enforce_eager,
+            lora_rank=lora_rank,
         )
+        self.takes_adapters = lora_rank > 0  # the policy's LoRA adapter is synced alone (weight_sync.py)
+        self.lora_request = None  # the current adapter version, sent with every request
+        self.adapter_folders = None
         self.sleep_level = sleep_level if self.device_type == "cuda" else 0
+        if lora_rank > 0 and self.sleep_level == 2:  # level 2 discards the base weights an adapter sync keeps
+            self.sleep_level = 1
         self.gpu_sleep_level = sleep_level  # what it does on a GPU (0: holds its share for its whole life)
         self.gpu_memory_utilization = gpu_memory_utilization  # its share of each GPU (GPU only)
         claim_sleep_mode(self, self.device_type, self.sleep_level)
@@ -281,7 +302,7 @@ class VLLMEngine:
         mine = slice(0, len(rows))
         if self.tp_group is not None:  # the TP group generates all its ranks' requests together
             requests, params, mine = _share_in_group(requests, params, self.tp_group)
-        outs = self.llm.generate(requests, params, use_tqdm=False)[mine]
+        outs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)[mine]
         response_ids, logprobs, texts, finish = [], [], [], []
         for out in outs:
             c = out.outputs[0]
@@ -303,7 +324,7 @@ class VLLMEngine:
         mine = slice(0, len(seqs))
         if self.tp_group is not None:
             seqs, _, mine = _share_in_group(seqs, [params] * len(seqs), self.tp_group)
-        outs = self.llm.generate(seqs, params, use_tqdm=False)[mine]
+        outs = self.llm.generate(seqs, params, use_tqdm=False, lora_request=self.lora_request)[mine]
         result = []
         for out, p, r in zip(outs, prompt_ids, response_ids):
             plp = out.prompt_logprobs
@@ -350,6 +371,28 @@ class VLLMEngine:
         # KV blocks cached under the old weights must not be reused for new prompts.
         self.llm.reset_prefix_cache()
 
+    def load_adapter(self, tensors: dict[str, torch.Tensor], lora, base_model: str | Path) -> None:
+        """Serve a new version of the policy's LoRA adapter (PEFT keys, `lora` its LoraSettings): written as
+        an adapter folder under a new id, sent with every request from now on; the old version is removed
+        from vLLM's cache and its folder deleted. The base weights the engine holds are untouched."""
+        from vllm.lora.request import LoRARequest
+
+        from train.rollout.weight_sync import AdapterFolders
+
+        if not self.takes_adapters:
+            raise RuntimeError("this vLLM engine was started without lora_rank: sync merged weights instead")
+        if self.adapter_folders is None:
+            self.adapter_folders = AdapterFolders()
+        self._wake()
+        version, folder = self.adapter_folders.write(tensors, lora, base_model)
+        old = self.lora_request
+        self.lora_request = LoRARequest(f"policy-v{version}", version, str(folder))
+        self.llm.llm_engine.add_lora(self.lora_request)  # loaded now (not at the next generate)
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            self.adapter_folders.drop(old.lora_int_id)
+        self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         """Shut this engine down without tearing down what other in-process engines still use.
 
@@ -364,6 +407,8 @@ class VLLMEngine:
 
         _LIVE_ENGINES.discard(id(self))
         release_sleep_mode(self)
+        if getattr(self, "adapter_folders", None) is not None:
+            self.adapter_folders.close()
         if not hasattr(self, "llm"):
             return
         if _LIVE_ENGINES:

@@ -83,12 +83,13 @@ def greedy_accuracy(loop, items: list[tuple[list[int], str]]) -> dict[str, float
     grader: `val/accuracy`. The loop's rollout engine is built on first use."""
     from math_grader import grade_batch, start_workers
     from train.loop import build_engine
+    from train.rollout.weight_sync import sync_weights
 
     start_workers()  # ready by the time the greedy answers are generated
 
     if loop.engine is None:
         loop.engine = build_engine(loop.cfg, loop.weights, loop.policy.precision)
-    loop.engine.update_weights(loop.policy.full_weights())
+    sync_weights(loop.policy, loop.engine)
     correct: list[float] = []
     if items:
         sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=loop.cfg.rollout.max_new_tokens)

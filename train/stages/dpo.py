@@ -170,13 +170,16 @@ class DPOTrainer(OfflineStage):
             self.print(f"reference log-probs from {path}")
             return train, val
         t0 = time.perf_counter()
-        ref = Policy(
-            self.model_path,
-            precision=self.policy.precision,  # the trained policy's resolved choice
-            trainable=False,
-            micro_batch_tokens=self.cfg.policy.micro_batch_tokens,
-            pad_id=self.pad_id,
-        )
+        if self.policy.lora.enabled:  # the base model: the policy with its adapters off, no second copy
+            ref = self.policy.frozen_base()
+        else:
+            ref = Policy(
+                self.model_path,
+                precision=self.policy.precision,  # the trained policy's resolved choice
+                trainable=False,
+                micro_batch_tokens=self.cfg.policy.micro_batch_tokens,
+                pad_id=self.pad_id,
+            )
         self._fill(train, ref, self.prompts, self.chosen, self.rejected, missing)
         self._fill(val, ref, *self.val, missing_val)
         del ref

@@ -34,6 +34,7 @@ from train.loop import TrainingLoop, build_engine
 from train.policy.distributed import all_gather_objects, all_reduce_sum
 from train.rewards.base import RewardResult
 from train.rollout.base import SamplingConfig
+from train.rollout.weight_sync import sync_weights
 from train.stages.common import heldout_pass, peak_memory_gb, shard
 from train.stages.sft import sft_update
 
@@ -86,7 +87,7 @@ class ExpertIterationTrainer(TrainingLoop):
         if self.engine is None:
             self.engine = build_engine(self.cfg, self.weights, self.policy.precision)
         else:  # a shared engine may hold other weights
-            self.engine.update_weights(self.policy.full_weights())
+            sync_weights(self.policy, self.engine)
 
     @property
     def examples_per_step(self) -> int:
@@ -145,7 +146,7 @@ class ExpertIterationTrainer(TrainingLoop):
             updates += 1
         t3 = time.perf_counter()
         if updates:
-            self.engine.update_weights(self.policy.full_weights())
+            sync_weights(self.policy, self.engine)
         t4 = time.perf_counter()
         scores = [s for p in parts for s in p["scores"]]
         lengths = [x for p in parts for x in p["lengths"]]

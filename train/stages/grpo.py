@@ -48,6 +48,7 @@ from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
 from train.rollout.base import SamplingConfig
+from train.rollout.weight_sync import sync_weights
 from train.stages.common import heldout_pass
 
 # Who computes each input an estimator or a step plug-in may need (registry.INPUTS), in the order they
@@ -178,7 +179,9 @@ class GRPOTrainer(TrainingLoop):
         pol, algo = cfg.policy, cfg.algorithm
         needs = self._needs()
         self.ref = None
-        if "ref_log_probs" in needs:
+        if "ref_log_probs" in needs and self.policy.lora.enabled:  # the base: adapters off, no second copy
+            self.ref = self.policy.frozen_base()
+        elif "ref_log_probs" in needs:
             self.ref = Policy(
                 self.model_path,
                 precision=self.policy.precision,  # auto is resolved once, by the trained policy
@@ -219,7 +222,7 @@ class GRPOTrainer(TrainingLoop):
                 self.print(
                     f"the shared rollout engine computes in {have}, not the {want} this policy's precision asks for"
                 )
-            self.engine.update_weights(self.policy.full_weights())
+            sync_weights(self.policy, self.engine)
 
     @property
     def examples_per_step(self) -> int:
@@ -283,7 +286,7 @@ class GRPOTrainer(TrainingLoop):
         figures.update(self._plugins("after_update", batch))
         figures.update({f"advantage/{k}": v for k, v in estimated.metrics.items()})
         t3 = time.perf_counter()
-        self.engine.update_weights(self.policy.full_weights())  # weight sync into the rollout engine
+        figures.update(sync_weights(self.policy, self.engine))  # the adapter alone, or every weight
         times = (t0, t0 + t_rollout, t0 + t_rollout + t_reward, t3, time.perf_counter())
         samples.log_rollout(
             self.tracker, "train", step, batch.rows, batch, batch, batch["advantages"],
