@@ -236,16 +236,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
-    tmp_model = None
-    if args.model == "tiny":
-        from infra.models import build_tiny_model
+    from infra.models import bench_model
 
-        tmp_model = tempfile.TemporaryDirectory(prefix="bench-tiny-")
-        args.model = str(build_tiny_model(Path(tmp_model.name) / "model"))
-    else:
-        from infra.models import resolve_model_path
-
-        args.model = str(resolve_model_path(args.model))
+    args.model, tmp_model = bench_model(args.model)
     report = profile(args)
     print("=" * 100)
     print(report, flush=True)

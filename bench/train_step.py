@@ -493,16 +493,9 @@ def main(argv: list[str] | None = None) -> None:
 
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     torch.set_num_threads(args.threads)
-    tmp_model = None
-    if args.model == "tiny":
-        from infra.models import build_tiny_model
+    from infra.models import bench_model
 
-        tmp_model = tempfile.TemporaryDirectory(prefix="bench-tiny-")
-        args.model = str(build_tiny_model(Path(tmp_model.name) / "model"))
-    else:
-        from infra.models import resolve_model_path
-
-        args.model = str(resolve_model_path(args.model))
+    args.model, tmp_model = bench_model(args.model)
 
     print(f"[bench] {_other_load()}; {os.cpu_count()} CPUs, {args.threads} threads per side", flush=True)
     fp32_rate, bf16_rate = matmul_rates()

@@ -101,6 +101,15 @@ def resolve_model_path(path: str) -> Path:
     )
 
 
+def bench_model(name: str) -> tuple[str, tempfile.TemporaryDirectory | None]:
+    """A bench's `--model`: `tiny` builds a random 2-layer model with the real tokenizer in a temporary
+    folder (returned so the caller cleans it up); anything else resolves as `model.path` does."""
+    if name != "tiny":
+        return str(resolve_model_path(name)), None
+    tmp = tempfile.TemporaryDirectory(prefix="bench-tiny-")
+    return str(build_tiny_model(Path(tmp.name) / "model")), tmp
+
+
 def build_tiny_model(out_dir: Path, hidden_size: int = 128, num_layers: int = 2, seed: int = 0) -> Path:
     """A small random Llama with the embedded model's tokenizer, for tests that must not download.
 
