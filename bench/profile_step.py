@@ -216,16 +216,13 @@ def profile(args) -> str:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
+    from bench.train_step import add_workload_args
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
     p.add_argument("--steps", type=int, default=2, help="the last one is profiled (default 2: 1 warm-up)")
     p.add_argument("--top", type=int, default=25)
-    p.add_argument("--model", default="default", help="default | tiny (random 2-layer Llama) | HF folder")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
-    p.add_argument("--seed", type=int, default=1)
+    add_workload_args(p)
     p.add_argument("--trace", help="also write a Chrome trace (JSON) of the profiled step here")
     p.add_argument("overrides", nargs="*", help="key=value overrides (train.config keys)")
     args = p.parse_args(argv)

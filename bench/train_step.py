@@ -366,16 +366,22 @@ class FixedLengthVLLMEngine(VLLMEngine):
 
 
 # ---- driver ------------------------------------------------------------------------------------
-def _parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=4, help="steps per side, the first is a warm-up (default 4)")
-    p.add_argument("--precision", default="fp32", help="comma list of fp32,bf16 (bf16 is slow on AVX2 CPUs)")
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The bench's workload (model, prompts x samples x new tokens, threads, seed): one definition for
+    bench-train and bench-profile, so the profile is of the step the bench times."""
     p.add_argument("--model", default="default", help="default | tiny (random 2-layer Llama) | HF folder")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     p.add_argument("--seed", type=int, default=1)
+
+
+def _parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=4, help="steps per side, the first is a warm-up (default 4)")
+    p.add_argument("--precision", default="fp32", help="comma list of fp32,bf16 (bf16 is slow on AVX2 CPUs)")
+    add_workload_args(p)
     p.add_argument(
         "--sides",
         default=None,
