@@ -1,21 +1,46 @@
 #!/usr/bin/env bash
-# The issue-14 GPU check on a lent device machine (torch and transformers preinstalled, no registry).
-#   bench/device_check.sh random  # stage 1: wheels installed, a random-init SmolLM2-135M (real config) trained
-#   bench/device_check.sh real    # stage 2: the embedded GGUF joined from two pieces, converted, trained
-# Run from an unpacked copy of the project; wheels in $WHL, carried files in $CARRY; results go to $OUT.
-# Status: written for issue 14's GPU check, whose task was lent no GPU in the end: it has not run on a GPU yet
-# (bench/gpu_check.py and bench/dcp_check.py, which it calls, run on the CPU in tests/test_bench_checks.py, so a
-# change of the trainer or policy API that breaks them fails the suite; dcp_check exits 1 when its round trip differs).
-set -euo pipefail
+# The GPU checks on a lent device machine (torch and transformers preinstalled, no registry, no vLLM).
+#   CARRY=.devcarry bench/device_check.sh lease   # one lease: the memory probe, then stage `random` (below)
+#   bench/device_check.sh probe    # bench/memory_probe.py at the paper preset's shapes (Qwen3-4B-shaped, 6 layers)
+#   bench/device_check.sh random   # a random-init SmolLM2-135M (real config): 2 GRPO steps with the HF engine
+#                                  # (MFU, peak vs the planner), 1 step with policy.cpu_offload=true, DCP round trip
+#   bench/device_check.sh real     # the same on the embedded GGUF joined from two pieces (/root/gguf.a + gguf.b)
+# Python packages the image lacks (hydra, omegaconf, antlr4: pure Python) travel as a site folder, $CARRY/site,
+# or as wheels in $WHL; the tokenizer and config in $CARRY/tok. Results go to $OUT; each check has its own
+# time limit and a failed one is reported and the next still runs.
+# bench/gpu_check.py, bench/dcp_check.py and bench/memory_probe.py run on the CPU in the test suite
+# (tests/test_bench_checks.py, tests/test_memory_probe.py), so an API change that breaks them fails there first.
+set -uo pipefail
 stage=$1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RLPOST_CACHE=/root/rlpost-cache TOKENIZERS_PARALLELISM=false
-[ -d /tmp/site/omegaconf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHL"/*.whl
+export PYTHONPATH=$PWD:${CARRY:-.}/site:/tmp/site PYTHONUNBUFFERED=1 RLPOST_CACHE=/root/rlpost-cache
+export TOKENIZERS_PARALLELISM=false
+if [ -n "${WHL:-}" ] && [ ! -d /tmp/site/omegaconf ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHL"/*.whl
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-mkdir -p /root/models
-if [ "$stage" = random ]; then
-  model=/root/models/smollm2-random
-  python3 - "$CARRY/tok" "$model" <<'EOF'
+mkdir -p /root/models "$OUT"
+# the planner's GPU kind (train/plan.py GPUS): the card this runs on
+GPU_KIND=${GPU_KIND:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && echo h200 || echo h100)}
+
+check() {  # check SECONDS NAME COMMAND...: run it under a limit; a failure is reported, not fatal
+  local limit=$1 name=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -v "it/s]" "$OUT/$name.log" | tail -6
+  echo "== $name: rc=$rc in $((SECONDS - t0))s (limit ${limit}s)"
+}
+
+probe() {
+  check "${PROBE_S:-240}" probe python3 -m bench.memory_probe --gpu "${GPU_KIND:-h100}" --out "$OUT/probe.json" ${PROBE_ARGS:-}
+}
+
+train_checks() {
+  local stage=$1 model
+  if [ "$stage" = random ]; then
+    model=/root/models/smollm2-random
+    python3 - "$CARRY/tok" "$model" <<'PY'
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 config = AutoConfig.from_pretrained(sys.argv[1])
@@ -23,19 +48,29 @@ torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(config)
 model.save_pretrained(sys.argv[2]); AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])
 print("random-init model with the real config:", sum(p.numel() for p in model.parameters()), "parameters")
-EOF
-else
-  model=/root/models/SmolLM2-135M-Instruct
-  cat /root/gguf.a "$CARRY/gguf.b" > /root/SmolLM2-135M-Instruct.Q4_1.gguf
-  python3 -c "
+PY
+  else
+    model=/root/models/SmolLM2-135M-Instruct
+    cat /root/gguf.a "$CARRY/gguf.b" > /root/SmolLM2-135M-Instruct.Q4_1.gguf
+    python3 -c "
 from pathlib import Path; from infra.models import convert_gguf
 print(convert_gguf(Path('/root/SmolLM2-135M-Instruct.Q4_1.gguf'), Path('$model')))"
-fi
-python3 -m bench.gpu_check --model "$model" --steps 2 --out "$OUT/$stage-default.json" 2>&1 | grep -v "it/s]" | tail -8
-python3 -m bench.gpu_check --model "$model" --steps 2 --out "$OUT/$stage-ckpt-packed.json" \
-  policy.gradient_checkpointing=true policy.pack_sequences=true 2>&1 | grep -v "it/s]" | tail -4
-if [ "$stage" = real ]; then
-  python3 -m bench.gpu_check --model "$model" --steps 2 --out "$OUT/$stage-fp32.json" policy.precision=fp32 \
-    2>&1 | grep -v "it/s]" | tail -4
-  python3 -m bench.dcp_check "$model" 2>&1 | tail -4
-fi
+  fi
+  local kind="--gpu ${GPU_KIND:-h100}"
+  check "${STEP_S:-120}" "$stage-default" python3 -m bench.gpu_check --model "$model" $kind --steps 2 \
+    --out "$OUT/$stage-default.json"
+  check "${STEP_S:-120}" "$stage-offload" python3 -m bench.gpu_check --model "$model" $kind --steps 1 \
+    --out "$OUT/$stage-offload.json" policy.cpu_offload=true
+  if [ "$stage" = real ]; then
+    check "${STEP_S:-120}" "$stage-fp32" python3 -m bench.gpu_check --model "$model" $kind --steps 2 \
+      --out "$OUT/$stage-fp32.json" policy.precision=fp32
+  fi
+  check "${DCP_S:-90}" "$stage-dcp" python3 -m bench.dcp_check "$model"
+}
+
+case "$stage" in
+  probe) probe ;;
+  random | real) train_checks "$stage" ;;
+  lease) probe; train_checks random ;;
+  *) echo "usage: bench/device_check.sh lease|probe|random|real" >&2; exit 2 ;;
+esac
