@@ -172,6 +172,22 @@ def planned(arch: Arch, args, layout: str, cuda: bool) -> dict[str, float]:
     return {"update_gib": mem["peak_update"] - absent, "logprobs_gib": mem["peak_logprobs"] - absent}
 
 
+def trace_forwards(policy, layout: str, cuda: bool) -> None:
+    """Prints each micro-batch's shape and forward time (compilation shows up here first)."""
+    inner = policy._forward
+
+    def traced(mb, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = inner(mb, *args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        shape = tuple(mb.input_ids.shape) if getattr(mb, "input_ids", None) is not None else "?"
+        print(f"  [{layout}] micro-batch {shape}: forward {time.perf_counter() - t0:.2f}s", flush=True)
+        return out
+
+    policy._forward = traced
+
+
 def probe_layout(model: Path, layout: str, args, batch, arch: Arch, device: torch.device) -> dict:
     from train.policy.fsdp import Policy
 
@@ -186,12 +202,20 @@ def probe_layout(model: Path, layout: str, args, batch, arch: Arch, device: torc
     if cuda:
         torch.cuda.synchronize()
         row["state_gib"] = torch.cuda.memory_allocated() / GIB
+    trace_forwards(policy, layout, cuda)
     lp = lambda: policy.compute_log_probs(prompts, responses, with_entropy=True)  # noqa: E731
     step = lambda: policy.train_step(prompts, responses, _loss, with_entropy=True)  # noqa: E731
     _, row["logprobs_cold_s"], _, _ = measure(lp, cuda)
+    print(f"[{layout}] log-prob pass, cold: {row['logprobs_cold_s']:.1f}s", flush=True)
     _, row["logprobs_s"], row["logprobs_peak_gib"], row["logprobs_reserved_gib"] = measure(lp, cuda)
+    print(
+        f"[{layout}] log-prob pass: {row['logprobs_s']:.1f}s, peak {row['logprobs_peak_gib']:.1f} GiB",
+        flush=True,
+    )
     metrics, row["update_cold_s"], _, _ = measure(step, cuda)
+    print(f"[{layout}] update, cold: {row['update_cold_s']:.1f}s", flush=True)
     metrics, row["update_s"], row["update_peak_gib"], row["update_reserved_gib"] = measure(step, cuda)
+    print(f"[{layout}] update: {row['update_s']:.1f}s, peak {row['update_peak_gib']:.1f} GiB", flush=True)
     mbs = int(next(v for k, v in metrics.items() if k.endswith("/micro_batches")))
     row["micro_batches"] = mbs
     row["update_per_micro_batch_s"] = row["update_s"] / max(mbs, 1)
@@ -207,7 +231,7 @@ def probe_layout(model: Path, layout: str, args, batch, arch: Arch, device: torc
         row["engine_fits_on_wake"] = free >= args.gpu_memory_utilization * total
     plan = planned(arch, args, layout, cuda)
     row["planned_update_gib"], row["planned_logprobs_gib"] = plan["update_gib"], plan["logprobs_gib"]
-    del policy
+    policy = None  # the model and optimizer go before the next layout (the lambdas hold this cell)
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()

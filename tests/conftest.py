@@ -100,7 +100,12 @@ def slurm_cluster():
     def answers() -> bool:
         if not shutil.which("srun"):
             return False
-        probe = subprocess.run(["srun", "-t", "1", "hostname"], capture_output=True, timeout=60)
+        try:  # a node held by jobs of a run that died makes srun wait: start.sh clears those
+            probe = subprocess.run(
+                ["srun", "--immediate=15", "-t", "1", "hostname"], capture_output=True, timeout=30
+            )
+        except subprocess.TimeoutExpired:
+            return False
         return probe.returncode == 0
 
     was_up = answers()

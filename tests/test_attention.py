@@ -61,3 +61,29 @@ def test_flex_attention_log_probs_equal_sdpa(tiny_model, dist_group, layout):
     lp_flex, ent_flex = flex.compute_log_probs(rows, responses, with_entropy=True)
     torch.testing.assert_close(lp_flex, lp_sdpa, rtol=0, atol=2e-5)
     torch.testing.assert_close(ent_flex, ent_sdpa, rtol=0, atol=2e-5)
+
+
+def test_only_shared_prompt_units_under_flex_attention_are_flagged_unproven():
+    from train.policy.attention import layout_warning
+
+    assert "pack_sequences=true" in layout_warning("flex_attention", share_prompts=True, pack_sequences=False)
+    assert layout_warning("flex_attention", share_prompts=True, pack_sequences=True) is None  # packed wins
+    assert layout_warning("flex_attention", share_prompts=False, pack_sequences=False) is None
+    assert layout_warning("sdpa", share_prompts=True, pack_sequences=False) is None  # the CPU path: proven
+
+
+def test_every_paper_preset_trains_packed_rows():
+    """The GPU presets use the layout measured at their shapes on an H200 (README, GPU), not the
+    shared-prompt units that stalled there."""
+    from infra.models import PROJECT_ROOT
+    from train.config import build_config, load_experiment
+
+    with_paper = [
+        p.stem
+        for p in sorted((PROJECT_ROOT / "experiments").glob("*.yaml"))
+        if "paper" in (load_experiment(p.stem).get("presets") or {})
+    ]
+    assert len(with_paper) >= 5, with_paper
+    for name in with_paper:
+        cfg = build_config(name, [], preset="paper")
+        assert cfg.policy.pack_sequences, f"{name} preset=paper: policy.pack_sequences is not true"

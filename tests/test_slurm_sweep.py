@@ -193,3 +193,47 @@ def test_two_task_slurm_job_trains_with_ray_engines_and_reward_workers_on_both_n
     assert child.info.status == "FINISHED"
     assert metric_steps(env, child.info.run_id) == [1, 2]
     assert child.data.metrics["timing/weight_sync_s"] > 0  # weights went to the actors after each update
+
+
+def test_start_script_clears_jobs_left_by_a_cluster_that_died(slurm_cluster, tmp_path):
+    """A machine stopped mid-test leaves jobs RUNNING in slurmctld's saved state with no process behind
+    them: the node stays ALLOCATED, RESUME is refused and no srun starts (the CI failure of 2026-11-25).
+    Killing the whole cluster with a job running reproduces it; slurm/local/start.sh must bring it back."""
+    root = Path(__file__).resolve().parents[1] / "slurm" / "local"
+    subprocess.run(
+        [str(root / "start.sh")], capture_output=True, timeout=300, check=True
+    )  # an idle node first
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--exclusive", "-o", str(tmp_path / "out"), "--wrap", "sleep 600"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        _kill_cluster_under_running_job(root, job)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+
+
+def _kill_cluster_under_running_job(root: Path, job: str) -> None:
+    wait_for(
+        f"job {job} to run",
+        lambda: (
+            subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True
+            ).stdout.strip()
+            == "RUNNING"
+        ),
+        timeout=60,
+    )
+    time.sleep(16)  # start.sh leaves a job younger than 15 s alone (it may still be starting its slurmstepd)
+    # the machine "stops": every Slurm process dies at once, the saved state still says RUNNING
+    for name in ("slurmstepd", "slurmd", "slurmctld"):
+        subprocess.run(["pkill", "-9", "-x", name])
+    subprocess.run(["pkill", "-9", "-f", "sleep 600"])
+    time.sleep(1)
+    start = subprocess.run([str(root / "start.sh")], capture_output=True, text=True, timeout=300)
+    assert start.returncode == 0, start.stdout + start.stderr
+    assert "cancelling jobs left by an earlier run" in start.stdout
+    queue = subprocess.run(["squeue", "-h", "-o", "%A %T"], capture_output=True, text=True).stdout
+    assert job not in queue.split(), queue
+    srun = ["srun", "--immediate=15", "-t", "1", "hostname"]
+    assert subprocess.run(srun, capture_output=True, timeout=60).returncode == 0

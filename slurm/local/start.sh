@@ -9,12 +9,12 @@ set -euo pipefail
 
 CONF=/etc/slurm/slurm.conf
 LOG_DIR=/var/log/slurm
-WAIT_S=${SLURM_START_TIMEOUT:-90}
+WAIT_S=${SLURM_START_TIMEOUT:-120}
 
 die() { echo "slurm/local/start.sh: $*" >&2; exit 1; }
 
 if [ "$(id -u)" != 0 ]; then
-  if command -v srun >/dev/null && timeout 20 srun -t 1 -N1 -n1 hostname >/dev/null 2>&1; then
+  if command -v srun >/dev/null && timeout 30 srun --immediate=15 -t 1 -N1 -n1 hostname >/dev/null 2>&1; then
     echo "slurm already running ($(sinfo -h -o '%P %D %T' | head -1))"; exit 0
   fi
   die "needs root to install and run slurmctld/slurmd (run it as root or use LAUNCHER=local)"
@@ -92,17 +92,65 @@ changed=0
 if cmp -s "$CONF.new" "$CONF"; then rm -f "$CONF.new"; else mv "$CONF.new" "$CONF"; changed=1; fi
 
 # ---- daemons (each started only when its pid file names no live process) ----
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-if alive /run/slurmctld.pid && alive /run/slurmd.pid && [ $changed = 1 ]; then
+# alive PIDFILE NAME: the pid file names a live process of that program (not a zombie: a container's pid 1
+# may never reap a daemon killed under it; not another program that got the pid later)
+alive() {
+  local pid
+  [ -s "$1" ] || return 1
+  pid=$(cat "$1")
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] || return 1
+  ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
+}
+if alive /run/slurmctld.pid slurmctld && alive /run/slurmd.pid slurmd && [ $changed = 1 ]; then
   echo "slurm.conf changed: scontrol reconfigure"
   scontrol reconfigure || die "scontrol reconfigure failed (see $LOG_DIR/slurmctld.log)"
 fi
-alive /run/slurmctld.pid || slurmctld || die "slurmctld did not start (see $LOG_DIR/slurmctld.log)"
-alive /run/slurmd.pid || slurmd -N localhost || die "slurmd did not start (see $LOG_DIR/slurmd.log)"
+alive /run/slurmctld.pid slurmctld || slurmctld || die "slurmctld did not start (see $LOG_DIR/slurmctld.log)"
+alive /run/slurmd.pid slurmd || slurmd -N localhost || die "slurmd did not start (see $LOG_DIR/slurmd.log)"
+
+# Jobs the saved state says run, while no slurmstepd runs on this (only) node, died with an earlier run
+# (a machine stopped mid-test, say): they hold the node ALLOCATED or COMPLETING, so srun waits or fails and
+# RESUME is refused. Cancel them (no requeue), then DOWN + RESUME clears what is still completing. A job
+# younger than 15 s may still be starting its slurmstepd: left alone.
+live() {  # live NAME: some process of that program that is not a zombie
+  local pid
+  for pid in $(pgrep -x "$1"); do
+    grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null || return 0
+  done
+  return 1
+}
+clear_stale_jobs() {
+  live slurmstepd && return 0
+  local stale
+  stale=$(squeue -h -t R,CG,S -o '%A %M' 2>/dev/null | awk '{
+      n = split($2, part, /[-:]/); s = 0
+      for (i = 1; i <= n; i++) s = s * (i == 2 && n == 4 ? 24 : 60) + part[i]
+      if (s >= 15) printf "%s ", $1 }') || return 0  # controller not answering yet
+  [ -n "${stale// /}" ] || return 0
+  echo "cancelling jobs left by an earlier run (no process of theirs is alive): $stale"
+  # shellcheck disable=SC2086
+  scancel $stale >/dev/null 2>&1 || true
+  sleep 1
+  scontrol update NodeName=localhost State=DOWN Reason="stale jobs of an earlier run" >/dev/null 2>&1 || true
+  scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true
+}
+
+why_not() {  # the node's and the queue's state, and the logs' ends: enough to see why srun cannot start
+  echo "node: $(sinfo -h -N -o '%N %T reason=%E' 2>&1 | head -1)"
+  echo "queue: $(squeue -h -o '%A %T %M %R' 2>&1 | head -5 | tr '\n' ';')"
+  echo "slurmctld.log:"; tail -n 8 "$LOG_DIR/slurmctld.log" 2>&1
+  echo "slurmd.log:"; tail -n 4 "$LOG_DIR/slurmd.log" 2>&1
+}
 
 deadline=$((SECONDS + WAIT_S))
-until timeout 20 srun -t 1 -N1 -n1 hostname >/dev/null 2>&1; do
-  [ $SECONDS -lt $deadline ] || die "srun hostname still fails after ${WAIT_S}s (see $LOG_DIR/slurmctld.log, slurmd.log)"
+until squeue -h >/dev/null 2>&1; do
+  [ $SECONDS -lt $deadline ] || die "slurmctld does not answer after ${WAIT_S}s; $(why_not)"
+  sleep 1
+done
+clear_stale_jobs
+until timeout 30 srun --immediate=15 -t 1 -N1 -n1 hostname >/dev/null 2>&1; do
+  [ $SECONDS -lt $deadline ] || die "srun hostname still fails after ${WAIT_S}s; $(why_not)"
+  clear_stale_jobs
   scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true
   sleep 1
 done

@@ -39,6 +39,18 @@ def pick_attention(requested: str, where: torch.device, trainable: bool = True) 
     return requested
 
 
+def layout_warning(attn_implementation: str, share_prompts: bool, pack_sequences: bool) -> str | None:
+    """A line for a layout that is unproven where it would run: shared-prompt units under FlexAttention (the
+    GPU default) did not finish their first micro-batch of a paper-scale batch on an H200 (Qwen3-4B-shaped, 32K
+    tokens, 130 s and 240 s tries, bench/memory_probe.py, 2026-11-26), while packed rows ran it (README, GPU)."""
+    if attn_implementation == "flex_attention" and share_prompts and not pack_sequences:
+        return (
+            "policy.share_prompts=true under flex_attention is unproven on a GPU at long lengths (its first 32K-token "
+            "micro-batch did not finish on an H200 in 130 s); policy.pack_sequences=true is the measured layout"
+        )
+    return None
+
+
 def shared_prompt_dense_mask(segments: torch.Tensor) -> torch.Tensor:
     """(U, 1, T, T) boolean mask of the shared-prompt layout for SDPA/eager (CPU): query i sees key j when
     j <= i, both are real tokens, and j is in the prompt (segment 0) or in i's own response; padding

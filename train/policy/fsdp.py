@@ -21,6 +21,7 @@ adapters alone (what an engine that takes adapters receives, train/rollout/weigh
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from train.policy.attention import ATTENTION, pick_attention, shared_prompt_block_mask
+from train.policy.attention import ATTENTION, layout_warning, pick_attention, shared_prompt_block_mask
 from train.policy.batching import MicroBatch, empty_micro_batch, plan_layout
 from train.policy.distributed import all_reduce_max, device
 from train.policy.lora import (
@@ -107,6 +108,9 @@ class Policy:
                 "policy.attn_implementation=flash_attention_2 cannot run the shared-prompt layout's 4-D mask:"
                 " set policy.pack_sequences=true (padding-free rows) or policy.share_prompts=false"
             )
+        unproven = layout_warning(self.attn_implementation, share_prompts, pack_sequences)
+        if unproven and trainable:
+            warnings.warn(unproven, stacklevel=2)
         # parameters on the meta device, sharded, then each rank reads its own rows (meta_init.py)
         self.lora = LoraSettings.of(lora)
         self.model_path = Path(model_path)
