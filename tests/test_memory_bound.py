@@ -14,7 +14,13 @@ import torch
 from train.policy.batching import collate, collate_packed, collate_shared
 from train.policy.logprobs import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from train.policy.memory import LiveTensorBytes, peak_tensor_bytes
-from train.policy.packed_logprobs import CHUNK_ELEMENTS, kept_entropy, kept_log_probs, vocab_peak_bytes
+from train.policy.packed_logprobs import (
+    CHUNK_ELEMENTS,
+    kept_entropy,
+    kept_log_probs,
+    kept_log_probs_and_entropy,
+    vocab_peak_bytes,
+)
 
 MB = 2**20
 
@@ -107,6 +113,15 @@ def test_kept_log_probs_and_entropy_equal_the_padded_formulation(dtype):
         assert torch.isfinite(new_e.grad).all() and new_e.grad[0, 0, 7] == 0  # p = 0 at a -inf logit
         tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-3}
         torch.testing.assert_close(new_e.grad.float(), old_e.grad.float(), **tol)
+
+        # one pass for both (the update's entropy metric): the same log-probs and gradient, the same entropy
+        # up to fp32 rounding (computed unshifted, H = lse - sum p z), finite at the -inf logit
+        both_in = logits.clone().requires_grad_(True)
+        lp, h = kept_log_probs_and_entropy(both_in, mb.kept_index(K), mb.response_ids, chunk_size=3)
+        (lp * weights).sum().backward()
+        assert torch.equal(lp, new) and torch.equal(both_in.grad, new_in.grad), name
+        assert not h.requires_grad and torch.isfinite(h).all(), name
+        torch.testing.assert_close(h, old_h, rtol=1e-5, atol=1e-5)
 
 
 def test_vocab_peak_formula_counts_logits_gradient_and_chunks():

@@ -55,7 +55,7 @@ from train.policy.lora import (
 )
 from train.policy.lora import wrap as lora_wrap
 from train.policy.meta_init import build_on_meta, fresh_parameters, materialize, weight_files
-from train.policy.packed_logprobs import kept_entropy, kept_log_probs
+from train.policy.packed_logprobs import kept_entropy, kept_log_probs, kept_log_probs_and_entropy
 from train.policy.precision import PRECISIONS, resolve_precision
 
 # loss_fn(micro_batch, log_probs (b, R), entropy (b, R) | None) -> (loss scalar, metrics)
@@ -198,11 +198,11 @@ class Policy:
         # token budget x V. Log-probs and entropy are computed there and padded per token to (b, R).
         logits = out.logits
         index = mb.kept_index(logits.shape[1])
+        if with_entropy and not (entropy_grad and torch.is_grad_enabled()):
+            # the entropy metric (reported every step, not in the loss): from the log-probs' own pass
+            return kept_log_probs_and_entropy(logits, index, mb.response_ids)
         log_probs = kept_log_probs(logits, index, mb.response_ids)
-        entropy = None
-        if with_entropy:
-            # Reported every step, but only differentiated when it is in the loss.
-            entropy = kept_entropy(logits, index, with_grad=entropy_grad and torch.is_grad_enabled())
+        entropy = kept_entropy(logits, index, with_grad=True) if with_entropy else None  # in the loss
         return log_probs, entropy
 
     @property

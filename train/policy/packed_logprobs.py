@@ -28,20 +28,49 @@ def chunk_rows(vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(vocab, 1))
 
 
+def _lse_and_entropy(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logsumexp, entropy) of each position of one chunk from one fp32 upcast: H = lse - sum_i p_i z_i with
+    p = exp(z - lse), the softmax computed once (the separate entropy pass upcasts, shifts and
+    exponentiates again). Rows with -inf logits (0 x -inf) take the masked path of `_entropy_chunks`."""
+    z = chunk.float()
+    lse = torch.logsumexp(z, dim=-1)  # the same call as the log-probs alone: their values do not change
+    p = (z - lse[:, None]).exp_()  # the second fp32 chunk temporary (vocab_peak_bytes counts four)
+    entropy = lse - torch.linalg.vecdot(p, z)
+    bad = torch.isnan(entropy)
+    if bad.any():
+        entropy[bad] = _entropy_chunks(chunk[bad], chunk.shape[0])[0]
+    return lse, entropy
+
+
 class _KeptLogProb(torch.autograd.Function):
-    """log_softmax(logits[index])[label] per token, from (N, V) logits and (M,) token indices/labels."""
+    """log_softmax(logits[index])[label] per token, from (N, V) logits and (M,) token indices/labels; with
+    `with_entropy`, also each position's entropy (not differentiated) from the same pass over the logits."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, index: torch.Tensor, labels: torch.Tensor, chunk_size: int):
-        lse = torch.cat([torch.logsumexp(c.float(), dim=-1) for c in logits.split(chunk_size, dim=0)])
+    def forward(
+        ctx,
+        logits: torch.Tensor,
+        index: torch.Tensor,
+        labels: torch.Tensor,
+        chunk_size: int,
+        with_entropy: bool,
+    ):
+        if with_entropy:
+            pairs = [_lse_and_entropy(c) for c in logits.split(chunk_size, dim=0)]
+            lse = torch.cat([lse for lse, _ in pairs])
+            entropy = torch.cat([h for _, h in pairs])
+        else:
+            lse = torch.cat([torch.logsumexp(c.float(), dim=-1) for c in logits.split(chunk_size, dim=0)])
+            entropy = lse.new_empty(0)
+        ctx.mark_non_differentiable(entropy)
         picked = logits[index, labels].float()
         ctx.save_for_backward(logits, index, labels, lse)
         ctx.chunk_size = chunk_size
-        return picked - lse[index]
+        return picked - lse[index], entropy
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
+    def backward(ctx, grad_out: torch.Tensor, _grad_entropy: torch.Tensor):
         logits, index, labels, lse = ctx.saved_tensors
         g = grad_out.float()
         g_position = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
@@ -54,7 +83,7 @@ class _KeptLogProb(torch.autograd.Function):
             here = (index >= start) & (index < end)  # the tokens whose label logit lies in this chunk
             chunk.index_put_((index[here] - start, labels[here]), g[here], accumulate=True)
             grad[start:end] = chunk.to(grad.dtype)  # one rounding for bf16 logits
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def kept_log_probs(
@@ -69,8 +98,21 @@ def kept_log_probs(
         raise ValueError(f"index {tuple(index.shape)} and labels {tuple(labels.shape)} do not match")
     flat = logits.reshape(-1, logits.shape[-1])
     chunk = chunk_size or chunk_rows(flat.shape[-1])
-    out = _KeptLogProb.apply(flat, index.reshape(-1), labels.reshape(-1).long(), chunk)
+    out, _ = _KeptLogProb.apply(flat, index.reshape(-1), labels.reshape(-1).long(), chunk, False)
     return out.reshape(index.shape)
+
+
+def kept_log_probs_and_entropy(
+    logits: torch.Tensor, index: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kept_log_probs` and the entropy metric (`kept_entropy` without grad) from one pass over the logits:
+    each chunk is upcast and normalised once for both (the update reports the entropy every step)."""
+    if index.shape != labels.shape:
+        raise ValueError(f"index {tuple(index.shape)} and labels {tuple(labels.shape)} do not match")
+    flat = logits.reshape(-1, logits.shape[-1])
+    chunk = chunk_size or chunk_rows(flat.shape[-1])
+    out, entropy = _KeptLogProb.apply(flat, index.reshape(-1), labels.reshape(-1).long(), chunk, True)
+    return out.reshape(index.shape), entropy[index]
 
 
 def _entropy_chunks(flat: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
