@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks on a lent device machine (torch and transformers preinstalled, no registry, no vLLM).
-#   CARRY=.devcarry bench/device_check.sh lease   # one lease: the memory probe, then stage `random` (below)
+#   CARRY=.devcarry bench/device_check.sh lease   # one lease: the memory probe, then stage `random` (below);
+#                                                 # bench/devcarry.sh builds .devcarry here first
 #   bench/device_check.sh probe    # bench/memory_probe.py at the paper preset's shapes (Qwen3-4B-shaped, 6 layers)
 #   bench/device_check.sh random   # a random-init SmolLM2-135M (real config): 2 GRPO steps with the HF engine
 #                                  # (MFU, peak vs the planner), 1 step with policy.cpu_offload=true, DCP round trip
