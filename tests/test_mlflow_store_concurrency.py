@@ -169,18 +169,26 @@ READER = (
     PRELUDE
     + """
 from analysis.store import load_runs
-from evals.common.checkpoints import all_checkpoints_of_run, resolve
-from infra.tracking import mlflow_client
+from evals.common.checkpoints import CheckpointNotFound, all_checkpoints_of_run, resolve
+from infra.tracking import LATEST_CHECKPOINT_TAG, mlflow_client
 run_id = sys.argv[3]
 client = mlflow_client()
-reads = 0
+reads = resolved = 0
 while not (work / "writers-done").exists() or reads < 3:
     frame = load_runs("shared")  # what the leaderboard and the report read
     assert "train" in set(frame["run_name"]), frame
-    resolve("latest")  # evals --ckpt latest
+    # before the trainer's first checkpoint there is no latest; once its tag is on the run there must be
+    # (read before resolving: the tag only ever goes from unset to set)
+    tagged = bool(client.get_run(run_id).data.tags.get(LATEST_CHECKPOINT_TAG))
+    try:
+        resolve("latest")  # evals --ckpt latest
+        resolved += 1
+    except CheckpointNotFound:
+        assert not tagged, "the run has a checkpoint tag but --ckpt latest found none"
     all_checkpoints_of_run(client.get_run(run_id))  # evals.watch
     assert client.get_run(run_id).info.status in ("RUNNING", "FINISHED")  # sweep-status
     reads += 1
+assert resolved, "--ckpt latest never resolved, even after every writer finished"
 print(reads)
 """
 )
