@@ -27,14 +27,15 @@ GPU_KIND=${GPU_KIND:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/
 check() {  # check SECONDS NAME COMMAND...: run it under a limit; a failure is reported, not fatal
   local limit=$1 name=$2; shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  # USR1 first: bench/memory_probe.py dumps every thread's Python stack on it (where a stall sits), then TERM
+  timeout -s USR1 -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   grep -v "it/s]" "$OUT/$name.log" | tail -6
   echo "== $name: rc=$rc in $((SECONDS - t0))s (limit ${limit}s)"
 }
 
 probe() {
-  check "${PROBE_S:-240}" probe python3 -m bench.memory_probe --gpu "${GPU_KIND:-h100}" --out "$OUT/probe.json" ${PROBE_ARGS:-}
+  TORCH_LOGS=${TORCH_LOGS:-recompiles} check "${PROBE_S:-240}" probe python3 -m bench.memory_probe --gpu "${GPU_KIND:-h100}" --out "$OUT/probe.json" ${PROBE_ARGS:-}
 }
 
 train_checks() {

@@ -18,9 +18,11 @@ error in one line and the next one still runs. On the CPU the peak is the live-t
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import math
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -173,7 +175,20 @@ def planned(arch: Arch, args, layout: str, cuda: bool) -> dict[str, float]:
 
 
 def trace_forwards(policy, layout: str, cuda: bool) -> None:
-    """Prints each micro-batch's shape and forward time (compilation shows up here first)."""
+    """Prints each micro-batch's build time on the device (the shared-prompt block mask is made there) and
+    its forward time (compilation shows up here first): where a layout stalls, the last line says which."""
+    to_device = policy._on_device
+
+    def traced_build(mb, flex):
+        t0 = time.perf_counter()
+        out = to_device(mb, flex)
+        if cuda:
+            torch.cuda.synchronize()
+        print(f"  [{layout}] micro-batch {tuple(out.input_ids.shape)}: on the device in "
+              f"{time.perf_counter() - t0:.2f}s", flush=True)  # fmt: skip
+        return out
+
+    policy._on_device = traced_build
     inner = policy._forward
 
     def traced(mb, *args, **kwargs):
@@ -302,4 +317,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    # `timeout -s USR1` (bench/device_check.sh): every thread's Python stack, where a stall sits; runs on after
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     main()
