@@ -203,8 +203,8 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
     out["activations_no_ckpt"] = T * arch.layers * per_token_layer
     out["activations_ckpt"] = T * arch.layers * h * b + T * per_token_layer
     out["logits"] = 2.0 * T * arch.vocab * b
-    # the log-prob kernel's fp32 maths, a chunk of positions at a time: one fp32 chunk in the forward, two
-    # (the chunk and its exp) in the backward
+    # the log-prob kernel's fp32 maths, a chunk of positions at a time: one fp32 chunk in the forward, one in the
+    # backward (-softmax x g is formed in place on it; train/policy/packed_logprobs.py)
     out["logprob_temporaries"] = 1.0 * min(T, logprob_chunk_rows(arch.vocab)) * arch.vocab * 4
     out["attention_mask"] = float(T * T) if w.dense_attention else 0.0  # bool (1, 1, T, T)
     # the frozen reference policy (KL): fp32 weights, sharded, no gradients or optimizer
@@ -238,7 +238,7 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
         out["root_gradient"]
         + activations
         + out["logits"]
-        + 2.0 * out["logprob_temporaries"]
+        + out["logprob_temporaries"]
         + out["attention_mask"]
     )
     out["peak_update"] = resident + out["update_growth"]
@@ -543,7 +543,7 @@ def report(
             "<- used" if w.gradient_checkpointing else "",
         ),
         row("logits + their gradient (one micro-batch)", mem["logits"]),
-        row("log-prob kernel's fp32 chunk (x2 in backward)", mem["logprob_temporaries"]),
+        row("log-prob kernel's fp32 chunk (forward or backward)", mem["logprob_temporaries"]),
         row(
             "attention mask (dense only)", mem["attention_mask"], "" if w.dense_attention else "varlen: none"
         ),

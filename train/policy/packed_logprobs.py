@@ -85,7 +85,7 @@ class _KeptLogProb(torch.autograd.Function):
             chunk.mul_(g_position[start:end, None].neg())
             here = (index >= start) & (index < end)  # the tokens whose label logit lies in this chunk
             chunk.index_put_((index[here] - start, labels[here]), g[here], accumulate=True)
-            grad[start:end] = chunk.to(grad.dtype)  # one rounding for bf16 logits
+            grad[start:end].copy_(chunk)  # one rounding for bf16 logits, cast in the copy (no bf16 temporary)
         return grad, None, None, None, None
 
 
