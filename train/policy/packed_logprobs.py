@@ -97,12 +97,7 @@ def kept_log_probs(
     logits: (U, K, V) (any float dtype; the maths is fp32); index: (b, R) long, flat positions into
     U x K; labels: (b, R) long. Padded tokens need a valid index and label (their value is masked later).
     """
-    if index.shape != labels.shape:
-        raise ValueError(f"index {tuple(index.shape)} and labels {tuple(labels.shape)} do not match")
-    flat = logits.reshape(-1, logits.shape[-1])
-    chunk = chunk_size or chunk_rows(flat.shape[-1])
-    out, _ = _KeptLogProb.apply(flat, index.reshape(-1), labels.reshape(-1).long(), chunk, False)
-    return out.reshape(index.shape)
+    return _kept(logits, index, labels, chunk_size, with_entropy=False)[0]
 
 
 def kept_log_probs_and_entropy(
@@ -110,12 +105,20 @@ def kept_log_probs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`kept_log_probs` and the entropy metric (`kept_entropy` without grad) from one pass over the logits:
     each chunk is upcast and normalised once for both (the update reports the entropy every step)."""
+    return _kept(logits, index, labels, chunk_size, with_entropy=True)
+
+
+def _kept(
+    logits, index, labels, chunk_size: int | None, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, R) log-probs and, with `with_entropy`, (b, R) entropy (else an empty tensor): the one call site of
+    `_KeptLogProb` behind both public functions."""
     if index.shape != labels.shape:
         raise ValueError(f"index {tuple(index.shape)} and labels {tuple(labels.shape)} do not match")
     flat = logits.reshape(-1, logits.shape[-1])
     chunk = chunk_size or chunk_rows(flat.shape[-1])
-    out, entropy = _KeptLogProb.apply(flat, index.reshape(-1), labels.reshape(-1).long(), chunk, True)
-    return out.reshape(index.shape), entropy[index]
+    out, entropy = _KeptLogProb.apply(flat, index.reshape(-1), labels.reshape(-1).long(), chunk, with_entropy)
+    return out.reshape(index.shape), entropy[index] if with_entropy else entropy
 
 
 def _entropy_chunks(flat: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
