@@ -179,9 +179,9 @@ def trace_forwards(policy, layout: str, cuda: bool) -> None:
     its forward time (compilation shows up here first): where a layout stalls, the last line says which."""
     to_device = policy._on_device
 
-    def traced_build(mb, flex):
+    def traced_build(mb):
         t0 = time.perf_counter()
-        out = to_device(mb, flex)
+        out = to_device(mb)
         if cuda:
             torch.cuda.synchronize()
         print(f"  [{layout}] micro-batch {tuple(out.input_ids.shape)}: on the device in "

@@ -16,7 +16,9 @@ split rollout / update / weight sync, peak RSS, and the bytes each step's weight
 
 The compute floor of a step is its matmul FLOPs (generation ~2*N*tokens with each prompt prefilled once,
 training ~6*N*tokens over prompt+response, plus the LM head on the positions whose logits are computed,
-plus causal attention) divided by the matmul rate of the run's precision (fp32 or bf16), measured at the start.
+plus causal attention) divided by the matmul rate of the run's precision (fp32 or bf16), measured at the start;
+for fp32 the faster of torch.mm (MKL on x86) and oneDNN, which ours trains with where faster
+(`policy.fp32_matmul=auto`, train/policy/cpu_matmul.py) and TRL does not.
 """
 
 from __future__ import annotations
@@ -127,19 +129,21 @@ def add_floor(summary: dict[str, float], flops: float, flops_per_s: float) -> No
 
 
 # ---- measurements ------------------------------------------------------------------------------
-def matmul_rates(trials: int = 5) -> tuple[float, float]:
-    """(fp32, bf16) FLOP/s: the best of alternating trials, so a load spike from another process hits
-    both precisions alike instead of deciding which one looks faster."""
+def matmul_rates(trials: int = 5) -> tuple[float, float, float]:
+    """(fp32 torch.mm, bf16, fp32 oneDNN) FLOP/s: the best of alternating trials, so a load spike from another
+    process hits every kernel alike instead of deciding which one looks faster."""
     import torch
 
+    from train.policy.cpu_matmul import onednn_flops_per_s
     from train.policy.precision import matmul_flops_per_s as rate
 
     cpu = torch.device("cpu")
-    fp32 = bf16 = 0.0
+    fp32 = bf16 = onednn = 0.0
     for _ in range(trials):
         fp32 = max(fp32, rate(torch.float32, cpu, 1024, 0.3))
         bf16 = max(bf16, rate(torch.bfloat16, cpu, 512, 0.3))  # 512: the AVX2 fallback is ~100x slower
-    return fp32, bf16
+        onednn = max(onednn, onednn_flops_per_s(1024, 0.3))
+    return fp32, bf16, onednn
 
 
 def model_dims(model_path: str) -> ModelDims:
@@ -504,12 +508,13 @@ def main(argv: list[str] | None = None) -> None:
     args.model, tmp_model = bench_model(args.model)
 
     print(f"[bench] {_other_load()}; {os.cpu_count()} CPUs, {args.threads} threads per side", flush=True)
-    fp32_rate, bf16_rate = matmul_rates()
+    torch_fp32_rate, bf16_rate, onednn_fp32_rate = matmul_rates()
+    fp32_rate = max(torch_fp32_rate, onednn_fp32_rate)  # the floor: the machine's fastest fp32 kernel
     capability = torch.backends.cpu.get_cpu_capability()
     accelerated = bf16_rate >= 0.5 * fp32_rate
     rates = (
-        f"matmul: fp32 {fp32_rate / 1e9:.1f} GFLOP/s, bf16 {bf16_rate / 1e9:.1f} GFLOP/s "
-        f"({args.threads} threads, CPU capability {capability})"
+        f"matmul: fp32 {torch_fp32_rate / 1e9:.1f} GFLOP/s in torch.mm (MKL), {onednn_fp32_rate / 1e9:.1f} in"
+        f" oneDNN; bf16 {bf16_rate / 1e9:.1f} GFLOP/s ({args.threads} threads, CPU capability {capability})"
     )
     print(f"[bench] {rates}", flush=True)
     if not accelerated:

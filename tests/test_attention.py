@@ -1,4 +1,5 @@
-"""Attention selection (FlexAttention on GPU, dense SDPA on CPU) and the shared-prompt block mask."""
+"""Attention selection (FlexAttention on GPU, SDPA on CPU: split for shared-prompt units), the shared-prompt
+block mask and the split attention."""
 
 from __future__ import annotations
 
@@ -6,13 +7,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train.policy.attention import pick_attention, shared_prompt_block_mask, shared_prompt_dense_mask
-from train.policy.batching import collate_shared
+from train.policy.attention import (
+    SPLIT_SDPA,
+    pick_attention,
+    shared_prompt_block_mask,
+    shared_prompt_dense_mask,
+    shared_prompt_split,
+    split_attention,
+)
+from train.policy.batching import build_micro_batches, collate_shared
 
 
 def test_auto_is_flex_on_gpu_and_sdpa_on_cpu():
     assert pick_attention("auto", torch.device("cuda")) == "flex_attention"
     assert pick_attention("auto", torch.device("cpu")) == "sdpa"
+    assert pick_attention("auto", torch.device("cpu"), shared=True) == SPLIT_SDPA  # shared-prompt units
+    assert pick_attention("auto", torch.device("cuda"), shared=True) == "flex_attention"
+    assert pick_attention("sdpa", torch.device("cpu"), shared=True) == "sdpa"  # the dense mask, on request
     assert pick_attention("sdpa", torch.device("cuda")) == "sdpa"  # an explicit choice is kept
     assert pick_attention("flex_attention", torch.device("cpu"), trainable=False) == "flex_attention"
     with pytest.raises(ValueError, match="no FlexAttention backward on the CPU; use sdpa"):
@@ -36,6 +47,57 @@ def test_shared_prompt_block_mask_attends_like_the_dense_mask():
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
     got = flex_attention(q, k, v, block_mask=block)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_split_attention_hand_checked_maps():
+    """Unit 0: prompt [1, 2] + responses [7], [8, 9, 6]; unit 1: prompt [4] + response [5], padding."""
+    mb = collate_shared([[1, 2], [1, 2], [4]], [[7], [8, 9, 6], [5]], [[0, 1], [2]], pad_id=0)
+    split = shared_prompt_split(mb.segments)
+    assert split.P == 2 and split.unit.tolist() == [0, 0, 1]
+    assert split.cols.tolist() == [[2, 3, 4], [3, 4, 5], [2, 3, 4]]  # response starts, clipped at T - 1
+    assert split.prompt_mask[1, 0].tolist() == [[True, False], [False, True]]  # left pad sees itself only
+    # response 1 of unit 0 (tokens 8, 9, 6): the prompt's 2 columns, then causal over its own 3
+    assert split.response_mask[1, 0].int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    # response 0 of unit 1 (one token): unit 1's real prompt column only, then itself; its padding rows
+    # (offsets 1, 2) see only themselves
+    assert split.response_mask[2, 0].int().tolist() == [[0, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]]
+    assert list(zip(split.flat_unit.tolist(), split.flat_col.tolist())) == [
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (0, 5),
+        (1, 2),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_split_attention_equals_the_dense_mask(dtype):
+    """Ragged prompts (left-padded), empty responses, several micro-batches: outputs and input gradients on
+    real tokens equal SDPA's under the dense mask (padding columns, which nothing reads, stay finite)."""
+    g = torch.Generator().manual_seed(4)
+    prompts, responses = [], []
+    for n_prompt, answers in ((3, (5, 0, 2)), (7, (1, 6)), (1, (4, 4, 0, 3)), (5, (2,))):
+        p = torch.randint(5, 100, (n_prompt,), generator=g).tolist()
+        for n in answers:
+            prompts.append(p)
+            responses.append(torch.randint(5, 100, (n,), generator=g).tolist())
+    mbs = build_micro_batches("shared", prompts, responses, 16, 0)
+    assert len(mbs) > 1
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    for mb in mbs:
+        U, T = mb.segments.shape
+        q, k, v = (torch.randn(U, 3, T, 8, generator=g).to(dtype).requires_grad_() for _ in range(3))
+        real = mb.segments >= 0
+        dense = F.scaled_dot_product_attention(q, k, v, attn_mask=shared_prompt_dense_mask(mb.segments))
+        dense = dense.transpose(1, 2)
+        split = split_attention(q, k, v, shared_prompt_split(mb.segments))
+        torch.testing.assert_close(split[real], dense[real], rtol=0, atol=tol)
+        assert split.isfinite().all()
+        up = torch.randn(dense.shape, generator=g).to(dtype) * real[:, :, None, None]
+        want = torch.autograd.grad((dense * up).sum(), (q, k, v))
+        got = torch.autograd.grad((split * up).sum(), (q, k, v))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=4 * tol)
 
 
 @pytest.mark.slow

@@ -84,26 +84,34 @@ def test_shared_prompt_layout_gives_the_plain_layouts_log_probs_and_gradients(ti
     prompts = [torch.randint(10, 4000, (int(k),), generator=g).tolist() for k in (3, 9, 6)]
     rows = [p for p in prompts for _ in range(4)]
     responses = [torch.randint(10, 4000, (int(k),), generator=g).tolist() for k in [1, 8, 0, 5] * 3]
-    plain = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=False, micro_batch_tokens=40, pad_id=0)
-    shared = Policy(tiny_model, lr=1e-2, grad_clip=1e9, share_prompts=True, micro_batch_tokens=40, pad_id=0)
-    mbs = list(shared.micro_batches(rows, responses))
+    kw = {"lr": 1e-2, "grad_clip": 1e9, "micro_batch_tokens": 40, "pad_id": 0}
+    plain = Policy(tiny_model, share_prompts=False, **kw)
+    split = Policy(tiny_model, share_prompts=True, **kw)  # auto on the CPU: the split attention
+    dense = Policy(tiny_model, share_prompts=True, attn_implementation="sdpa", **kw)  # the (T x T) mask
+    assert split.attn_implementation == "sdpa_shared_prompt" and plain.attn_implementation == "sdpa"
+    mbs = list(split.micro_batches(rows, responses))
     assert all(mb.keep is not None for mb in mbs)
+    assert all("shared_prompt_split" in mb.attention_kwargs and mb.attention_mask is None for mb in mbs)
     assert len(mbs) > 1  # groups split over micro-batches too
     lp_plain, ent_plain = plain.compute_log_probs(rows, responses, with_entropy=True)
-    lp_shared, ent_shared = shared.compute_log_probs(rows, responses, with_entropy=True)
-    torch.testing.assert_close(lp_shared, lp_plain, rtol=0, atol=1e-5)
-    torch.testing.assert_close(ent_shared, ent_plain, rtol=0, atol=1e-5)
+    for shared in (split, dense):
+        lp_shared, ent_shared = shared.compute_log_probs(rows, responses, with_entropy=True)
+        torch.testing.assert_close(lp_shared, lp_plain, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ent_shared, ent_plain, rtol=0, atol=1e-5)
     weights = torch.rand(len(rows), lp_plain.shape[1], generator=g)
 
     def loss_fn(mb, log_probs, entropy):
         return -(log_probs * weights[mb.rows, : log_probs.shape[1]] * mb.response_mask).sum(), {}
 
-    for policy in (plain, shared):
+    for policy in (plain, split, dense):
         policy.train_step(rows, responses, loss_fn, with_entropy=False)
-    grads = [{n: p.grad.full_tensor() for n, p in pol.model.named_parameters()} for pol in (plain, shared)]
+    grads = [
+        {n: p.grad.full_tensor() for n, p in pol.model.named_parameters()} for pol in (plain, split, dense)
+    ]
     for name, grad in grads[0].items():
         scale = float(grad.abs().max())  # fp32 sums in another order: equal to ~1e-6 of the largest entry
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+        for other in grads[1:]:
+            torch.testing.assert_close(other[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
 
 
 def test_packed_layout_is_one_padding_free_row():

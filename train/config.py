@@ -180,6 +180,9 @@ class PolicyConfig:
         False  # padding-free micro-batches (one packed row; for GPUs, wins over share_prompts)
     )
     attn_implementation: str = "auto"  # auto | sdpa | flex_attention | flash_attention_2 | eager (auto: flex_attention on GPU, sdpa on CPU)
+    fp32_matmul: str = checked(
+        "auto", choices=("auto", "onednn", "torch")
+    )  # CPU, fp32: which kernel multiplies matrices: torch's BLAS (MKL on x86) or oneDNN; auto = oneDNN where measured >= 1.2x faster
     cpu_offload: bool = False  # GPU: keep parameter shards, gradients and optimizer step on the CPU
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: train LoRA adapters only (PEFT)
 

@@ -278,6 +278,7 @@ class TrainingLoop:
             attn_implementation=pol.attn_implementation,
             cpu_offload=pol.cpu_offload,
             lora=pol.lora,
+            fp32_matmul=pol.fp32_matmul,
             warmup_steps=opt.warmup_steps,
             lr_schedule=opt.schedule,
             total_steps=cfg.total_steps,

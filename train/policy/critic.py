@@ -37,6 +37,7 @@ class Critic(Policy):
             attention_mask=mb.attention_mask,
             position_ids=mb.position_ids,
             use_cache=False,
+            **mb.attention_kwargs,
         )
         values = out.logits[..., 0].float()  # (b or U, P + R): one value per position
         if mb.keep is not None:

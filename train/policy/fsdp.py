@@ -39,8 +39,16 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from train.policy.attention import ATTENTION, layout_warning, pick_attention, shared_prompt_block_mask
+from train.policy.attention import (
+    ATTENTION,
+    SPLIT_SDPA,
+    layout_warning,
+    pick_attention,
+    shared_prompt_block_mask,
+    shared_prompt_split,
+)
 from train.policy.batching import MicroBatch, empty_micro_batch, plan_layout
+from train.policy.cpu_matmul import route_linears
 from train.policy.distributed import all_reduce_max, device
 from train.policy.lora import (
     ADAPTER_NAME,
@@ -85,6 +93,7 @@ class Policy:
         attn_implementation: str = "auto",
         cpu_offload: bool = False,
         lora: LoraSettings | dict | None = None,
+        fp32_matmul: str = "auto",
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
@@ -95,14 +104,16 @@ class Policy:
                 f"policy.attn_implementation={attn_implementation!r}: expected one of {ATTENTION}"
             )
         self.device = device()
-        self.precision_choice = resolve_precision(precision, self.device)
+        self.precision_choice = resolve_precision(precision, self.device, fp32_matmul)
         self.precision = self.precision_choice.precision  # fp32 | bf16, never auto
         self.grad_clip = grad_clip
         self.micro_batch_tokens = micro_batch_tokens
         self.pad_id = pad_id
         self.share_prompts = share_prompts  # rows with one prompt: the prompt runs once (batching.py)
         self.pack_sequences = pack_sequences  # padding-free rows (wins over share_prompts), batching.py
-        self.attn_implementation = pick_attention(attn_implementation, self.device, trainable)
+        self.attn_implementation = pick_attention(
+            attn_implementation, self.device, trainable, shared=self.layout == "shared"
+        )
         if self.attn_implementation == "flash_attention_2" and share_prompts and not pack_sequences:
             raise ValueError(
                 "policy.attn_implementation=flash_attention_2 cannot run the shared-prompt layout's 4-D mask:"
@@ -117,6 +128,8 @@ class Policy:
         config = AutoConfig.from_pretrained(str(model_path))
         files = weight_files(model_path)
         model = build_on_meta(lambda: self._model_from_config(config))
+        if self.precision_choice.onednn_linears:  # fp32 products in oneDNN where faster (cpu_matmul.py)
+            route_linears(model)
         if gradient_checkpointing and trainable:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -193,6 +206,7 @@ class Policy:
             position_ids=mb.position_ids,
             logits_to_keep=mb.keep,
             use_cache=False,
+            **mb.attention_kwargs,
         )
         # (U, K, V) logits of the kept positions only (bf16 under bf16 precision): at most the micro-batch's
         # token budget x V. Log-probs and entropy are computed there and padded per token to (b, R).
@@ -224,20 +238,24 @@ class Policy:
         the others, so the count is agreed before the first one and ranks with less data run masked-out
         one-token batches (zero loss, zero gradient).
         """
-        flex = self.attn_implementation == "flex_attention"
+        dense = self.attn_implementation not in ("flex_attention", SPLIT_SDPA)
         builders = plan_layout(
-            self.layout, prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id, dense_mask=not flex
+            self.layout, prompt_ids, response_ids, self.micro_batch_tokens, self.pad_id, dense_mask=dense
         )
         target = all_reduce_max(len(builders))
         for build in builders:
-            yield self._on_device(build(), flex)  # no reference kept here while the caller runs it
+            yield self._on_device(build())  # no reference kept here while the caller runs it
         for _ in range(target - len(builders)):
             yield empty_micro_batch(self.pad_id).to(self.device)
 
-    def _on_device(self, mb: MicroBatch, flex: bool) -> MicroBatch:
+    def _on_device(self, mb: MicroBatch) -> MicroBatch:
         mb = mb.to(self.device)
-        if flex and mb.segments is not None:  # shared-prompt units: the block mask, on the device
+        if mb.segments is None:
+            return mb
+        if self.attn_implementation == "flex_attention":  # shared-prompt units: the block mask, on the device
             mb.attention_mask = shared_prompt_block_mask(mb.segments)
+        elif self.attn_implementation == SPLIT_SDPA:  # ... or the split's index maps
+            mb.attention_kwargs = {"shared_prompt_split": shared_prompt_split(mb.segments)}
         return mb
 
     @torch.no_grad()

@@ -8,6 +8,10 @@ than fp32 on this project's first CI machine). `auto` therefore measures both ra
 second at start and takes bf16 only when it multiplies at least `BF16_MIN_SPEEDUP` times faster. Every
 rank measures; the ranks agree on the summed rates, so all shard the model the same way.
 
+On a CPU the probe also times oneDNN's fp32 product, which `policy.fp32_matmul=auto` takes over torch's
+default (MKL) where it is faster (train/policy/cpu_matmul.py); the fp32 rate `auto` weighs against bf16 is
+then oneDNN's.
+
 The best rates ever measured on a machine are kept in `$RLPOST_CACHE/precision/<machine key>.json` (CPU
 model or GPU name, thread count, torch version), and each start decides from the best of those and its
 own: a measurement taken while another process loads the CPUs neither flips the choice nor gets logged
@@ -37,28 +41,48 @@ class PrecisionChoice:
     precision: str  # fp32 | bf16
     requested: str  # auto | fp32 | bf16
     device: str  # cpu | cuda
-    fp32_flops: float | None  # measured square-matmul FLOP/s (None when not measured)
+    fp32_flops: (
+        float | None
+    )  # measured square-matmul FLOP/s of the fp32 kernel in use (None when not measured)
     bf16_flops: float | None
+    fp32_kernel: str = (
+        "torch"  # torch (its BLAS: MKL on x86) | onednn: what multiplies fp32 matrices on a CPU
+    )
+    fp32_torch_flops: float | None = None  # torch.mm's fp32 rate, when oneDNN's was measured beside it
 
     @property
     def engine_dtype(self) -> str:
         return ENGINE_DTYPES[self.precision]
 
+    @property
+    def onednn_linears(self) -> bool:
+        """Whether the policy's linear layers run in oneDNN (an fp32 CPU policy where it measured faster)."""
+        return self.precision == "fp32" and self.device == "cpu" and self.fp32_kernel == "onednn"
+
     def describe(self) -> str:
         rates = ""
         if self.fp32_flops and self.bf16_flops:
+            kernel = ""
+            if self.device == "cpu" and self.fp32_torch_flops:
+                kernel = f" in {self.fp32_kernel} (torch.mm {self.fp32_torch_flops / 1e9:.0f})"
             rates = (
-                f" (matmul on {self.device}: fp32 {self.fp32_flops / 1e9:.0f} GFLOP/s, "
+                f" (matmul on {self.device}: fp32 {self.fp32_flops / 1e9:.0f} GFLOP/s{kernel}, "
                 f"bf16 {self.bf16_flops / 1e9:.0f} GFLOP/s, {self.bf16_flops / self.fp32_flops:.2f}x)"
             )
+        elif self.device == "cpu" and self.precision == "fp32":
+            rates = f" (fp32 products in {self.fp32_kernel})"
         return f"policy.precision={self.requested} -> {self.precision}{rates}"
 
     def as_params(self) -> dict[str, object]:
         """What a tracker logs once per run."""
         out: dict[str, object] = {"policy.precision_resolved": self.precision}
+        if self.device == "cpu" and self.precision == "fp32":
+            out["policy.fp32_matmul_resolved"] = self.fp32_kernel
         if self.fp32_flops and self.bf16_flops:
             out["perf.matmul_fp32_gflops"] = round(self.fp32_flops / 1e9, 1)
             out["perf.matmul_bf16_gflops"] = round(self.bf16_flops / 1e9, 1)
+        if self.fp32_torch_flops:
+            out["perf.matmul_fp32_torch_gflops"] = round(self.fp32_torch_flops / 1e9, 1)
         return out
 
 
@@ -114,47 +138,64 @@ def _cache_file(device_type: str) -> Path:
 
 
 @cache
-def _measure(device_type: str) -> tuple[float, float]:
-    """(fp32, bf16) FLOP/s of this machine: the best ever seen here. Every start measures (the best of 5
-    alternating trials each, so a load spike hits both; ~0.6 s on a CPU) and keeps the per-dtype maximum of
-    this and every earlier measurement on disk: load only ever lowers a rate, so the kept figures rise to
-    the idle machine's and every run on the machine decides from (nearly) the same rates."""
+def _measure(device_type: str) -> tuple[float, float, float]:
+    """(fp32 torch.mm, bf16, fp32 oneDNN) FLOP/s of this machine: the best ever seen here (oneDNN 0.0 on a GPU).
+    Every start measures (the best of 5 alternating trials each, so a load spike hits all; ~0.9 s on a CPU) and
+    keeps the per-rate maximum of this and every earlier measurement on disk: load only ever lowers a rate, so
+    the kept figures rise to the idle machine's and every run on the machine decides from (nearly) the same
+    rates."""
+    from train.policy.cpu_matmul import onednn_flops_per_s
+
+    keys = ("fp32_flops", "bf16_flops", "fp32_onednn_flops")
     path = _cache_file(device_type)
     try:
-        kept = json.loads(path.read_text())
-        kept_fp32, kept_bf16 = float(kept["fp32_flops"]), float(kept["bf16_flops"])
-    except (OSError, ValueError, KeyError):
-        kept_fp32 = kept_bf16 = 0.0
+        kept_file = json.loads(path.read_text())
+        kept = tuple(float(kept_file.get(k, 0.0)) for k in keys)
+    except (OSError, ValueError, AttributeError):
+        kept = (0.0, 0.0, 0.0)
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else None
     device = device or torch.device("cpu")
     size, seconds = (4096, 0.05) if device.type == "cuda" else (512, 0.06)
-    fp32 = bf16 = 0.0
+    fp32 = bf16 = onednn = 0.0
     for _trial in range(5):
         fp32 = max(fp32, matmul_flops_per_s(torch.float32, device, size, seconds))
         bf16 = max(bf16, matmul_flops_per_s(torch.bfloat16, device, size, seconds))
-    best = max(fp32, kept_fp32), max(bf16, kept_bf16)
-    if best != (kept_fp32, kept_bf16):
+        if device.type == "cpu":
+            onednn = max(onednn, onednn_flops_per_s(size, seconds))
+    best = tuple(max(m, k) for m, k in zip((fp32, bf16, onednn), kept))
+    if best != kept:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}")
-            tmp.write_text(
-                json.dumps({"fp32_flops": best[0], "bf16_flops": best[1], "measured": time.time()})
-            )
+            tmp.write_text(json.dumps({**dict(zip(keys, best)), "measured": time.time()}))
             os.replace(tmp, path)
         except OSError:  # a read-only cache: this run's own measurement still counts
             pass
     return best
 
 
-def resolve_precision(requested: str, device: torch.device) -> PrecisionChoice:
-    """The precision to train in. Collective when torch.distributed is initialised and requested=auto."""
+def resolve_precision(requested: str, device: torch.device, fp32_matmul: str = "auto") -> PrecisionChoice:
+    """The precision to train in, and on a CPU which kernel multiplies fp32 matrices (`policy.fp32_matmul`).
+    Collective when torch.distributed is initialised and anything is measured."""
+    from train.policy.cpu_matmul import pick_kernel
+
     if requested not in PRECISIONS:
         raise ValueError(f"policy.precision={requested!r}: expected one of {', '.join(PRECISIONS)}")
-    if requested != "auto":
-        return PrecisionChoice(requested, requested, device.type, None, None)
-    fp32, bf16 = _measure(device.type)
+    pick_kernel(fp32_matmul, 0.0, 0.0)  # a bad value fails here, whatever else is asked
+    on_cpu = device.type == "cpu"
+    measure = requested == "auto" or (on_cpu and requested == "fp32" and fp32_matmul == "auto")
+    if not measure:
+        kernel = pick_kernel(fp32_matmul, 0.0, 0.0) if on_cpu and fp32_matmul != "auto" else "torch"
+        return PrecisionChoice(requested, requested, device.type, None, None, kernel)
     from train.policy.distributed import all_reduce_sum
 
-    fp32, bf16 = all_reduce_sum(fp32), all_reduce_sum(bf16)  # one decision for all ranks
+    # one decision for all ranks: every rank measures and they agree on the summed rates
+    fp32, bf16, onednn = (all_reduce_sum(r) for r in _measure(device.type))
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    return PrecisionChoice(choose(fp32, bf16), "auto", device.type, fp32 / world, bf16 / world)
+    kernel = pick_kernel(fp32_matmul, fp32, onednn) if on_cpu else "torch"
+    fp32_used = onednn if kernel == "onednn" else fp32
+    precision = choose(fp32_used, bf16) if requested == "auto" else requested
+    torch_rate = fp32 / world if on_cpu and onednn > 0 else None
+    return PrecisionChoice(
+        precision, requested, device.type, fp32_used / world, bf16 / world, kernel, torch_rate
+    )

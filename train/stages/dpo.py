@@ -177,6 +177,7 @@ class DPOTrainer(OfflineStage):
                 self.model_path,
                 precision=self.policy.precision,  # the trained policy's resolved choice
                 trainable=False,
+                fp32_matmul=self.policy.precision_choice.fp32_kernel,
                 micro_batch_tokens=self.cfg.policy.micro_batch_tokens,
                 pad_id=self.pad_id,
             )

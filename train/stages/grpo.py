@@ -186,6 +186,7 @@ class GRPOTrainer(TrainingLoop):
                 self.model_path,
                 precision=self.policy.precision,  # auto is resolved once, by the trained policy
                 trainable=False,
+                fp32_matmul=self.policy.precision_choice.fp32_kernel,
                 micro_batch_tokens=pol.micro_batch_tokens,
                 share_prompts=pol.share_prompts,
                 pad_id=self.pad_id,
@@ -211,6 +212,7 @@ class GRPOTrainer(TrainingLoop):
                 share_prompts=pol.share_prompts,
                 total_steps=cfg.total_steps,
                 pad_id=self.pad_id,
+                fp32_matmul=pol.fp32_matmul,
             )
         self.reward_fn = instantiate(OmegaConf.to_container(cfg.reward, resolve=True))
         if self.engine is None:
