@@ -67,3 +67,20 @@ def test_hf_engine_agrees_with_the_trainer(tiny_model, dist_group):
     prompts, responses = _fixed_batch()
     lp = engine.sequence_logprobs(prompts, responses)
     assert _max_diff(lp, policy.compute_log_probs(prompts, responses)[0]) < TOL
+
+
+def test_a_groups_samples_share_their_prompts_kv_blocks(vllm_engine, dist_group):
+    """On the CPU the engine's KV blocks hold 32 tokens: of 4 samples of one 80-token prompt, vLLM's prefix
+    cache serves the later samples the prompt's full blocks (at the CPU default of 128 tokens a block, a
+    prompt under 128 tokens shares nothing and is prefilled once per sample)."""
+    from vllm import SamplingParams
+
+    prompt = torch.randint(10, 5000, (80,), generator=torch.Generator().manual_seed(5)).tolist()
+    vllm_engine.llm.reset_prefix_cache()
+    outs = vllm_engine.llm.generate(
+        [{"prompt_token_ids": prompt}] * 4,
+        [SamplingParams(max_tokens=2, seed=i) for i in range(4)],
+        use_tqdm=False,
+    )
+    assert vllm_engine.kwargs["block_size"] == 32
+    assert sum(o.num_cached_tokens or 0 for o in outs) >= 3 * 64  # the 2 full blocks, for each later sample

@@ -25,6 +25,8 @@ from train.rollout.vllm_engine import (
 def test_device_settings_follow_where_the_engine_runs():
     cpu = engine_kwargs("cpu", "float32", seed=1, max_model_len=512, world_size=1, gpu_memory_utilization=0.3)
     assert cpu["enforce_eager"] is True and cpu["enable_chunked_prefill"] is False
+    assert cpu["block_size"] == 32  # prefix caching shares a group's prompt in whole blocks
+    assert engine_kwargs("cpu", "float32", 1, 512, 1, block_size=64)["block_size"] == 64
     assert "gpu_memory_utilization" not in cpu and "enable_sleep_mode" not in cpu
     assert "distributed_executor_backend" not in cpu and "tensor_parallel_size" not in cpu
     gpu = engine_kwargs(
@@ -34,6 +36,7 @@ def test_device_settings_follow_where_the_engine_runs():
     assert gpu["gpu_memory_utilization"] == 0.3 and gpu["enable_sleep_mode"] is True
     assert gpu["tensor_parallel_size"] == 2 and gpu["distributed_executor_backend"] == "external_launcher"
     assert "enable_chunked_prefill" not in gpu and gpu["dtype"] == "bfloat16"
+    assert "block_size" not in gpu  # vLLM's own on a GPU
     eager = engine_kwargs("cuda", "bfloat16", 1, 512, 1, sleep_level=0, enforce_eager=True)
     assert eager["enforce_eager"] is True and eager["enable_sleep_mode"] is False
 

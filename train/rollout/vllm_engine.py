@@ -7,7 +7,8 @@ trainer's torch.distributed group instead of spawning workers (at world size > 1
 Its settings are `rollout.engine.<argument>` keys (this class's constructor; `python -m train --help` lists
 them with their defaults), checked before a model loads by `check_settings`. Device settings follow where
 it runs (`engine_kwargs`):
-- CPU: eager mode, KV cache of `kv_cache_gb`, whole-prompt prefill; new weights go in through
+- CPU: eager mode, KV cache of `kv_cache_gb` in 32-token blocks (prefix caching then shares a group's prompt
+  between its samples), whole-prompt prefill; new weights go in through
   `reload_weights` (the CPU backend prepacks linear layers, so a plain `load_weights` fails).
 - GPU (verl's hybrid engine / TRL's colocate mode): CUDA graphs on (`enforce_eager=None` = auto),
   vLLM takes `gpu_memory_utilization` of the GPU, and with `sleep_level=2` (default) it releases ALL of
@@ -82,6 +83,7 @@ def engine_kwargs(
     sleep_level: int = 2,
     enforce_eager: bool | None = None,
     lora_rank: int = 0,
+    block_size: int | None = None,
 ) -> dict:
     """The keyword arguments of `vllm.LLM(...)` for an engine colocated on `device_type` (cpu | cuda)."""
     check_settings(world_size, gpu_memory_utilization, tensor_parallel_size, sleep_level)
@@ -107,7 +109,17 @@ def engine_kwargs(
         # Per-request seeded sampling cannot rewind a CPU generator after a chunked prefill step
         # ("CPU Generator does not use offset"): prefill whole prompts instead.
         kwargs["enable_chunked_prefill"] = False
+        # KV blocks of CPU_BLOCK_SIZE tokens, not vLLM's CPU default of 128: prefix caching reuses whole blocks
+        # only, so the n samples of a group shared nothing of a prompt under 128 tokens and prefilled it n times
+        kwargs["block_size"] = block_size or CPU_BLOCK_SIZE
+    if block_size:
+        kwargs["block_size"] = block_size
     return kwargs
+
+
+# the smallest KV block the CPU backend runs at full speed ("prefers block_size is multiples of 32"). 8 prompts
+# of ~60 tokens x 4 samples x 64 tokens, bf16, 2 cores: rollout 2.84 -> 2.16 s; 4 x 8 x 6 tokens: 0.94 -> 0.38 s
+CPU_BLOCK_SIZE = 32
 
 
 LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's LoRAConfig.max_lora_rank choices
@@ -209,7 +221,8 @@ class VLLMEngine:
     `gpu_memory_utilization` (share of each GPU vLLM may take: weights + KV cache), `tensor_parallel_size`
     (ranks per TP group, consecutive; must divide world_size), `sleep_level` (2 = drop weights and KV
     cache for the policy update, 1 = weights to CPU, 0 = never sleep), `enforce_eager` (None = CUDA graphs
-    on GPU, eager on CPU). `kv_cache_gb` is the CPU KV cache (on GPU the cache gets what
+    on GPU, eager on CPU), `block_size` (tokens per KV block; None = 32 on CPU, vLLM's own on GPU: prefix
+    caching shares whole blocks, so a group's n samples reuse their prompt's KV). `kv_cache_gb` is the CPU KV cache (on GPU the cache gets what
     `gpu_memory_utilization` leaves after the weights and activations). `sleep_level=2` is for the
     policy's rollout engine, the only one that sleeps; every other engine passes `sleep_level=0` and
     holds `gpu_memory_utilization` of each GPU while it lives (see the module docstring).
@@ -231,6 +244,7 @@ class VLLMEngine:
         sleep_level: int = 2,
         weight_bucket_mb: int = 512,
         lora_rank: int = 0,
+        block_size: int | None = None,
     ) -> None:
         _configure_env(kv_cache_gb)
         import torch.distributed as dist
@@ -250,6 +264,7 @@ class VLLMEngine:
             sleep_level=sleep_level,
             enforce_eager=enforce_eager,
             lora_rank=lora_rank,
+            block_size=block_size,
         )
         self.takes_adapters = lora_rank > 0  # the policy's LoRA adapter is synced alone (weight_sync.py)
         self.lora_request = None  # the current adapter version, sent with every request
