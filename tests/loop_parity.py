@@ -21,6 +21,7 @@ COMMON = [
     "rollout.max_new_tokens=10", "optim.lr=1e-3", "data.builtin_size=32",
     "policy.precision=fp32",  # the recorded figures are the fp32 path's (auto takes bf16 where it is faster)
     "policy.fp32_matmul=torch",  # ... with torch's kernel: oneDNN sums in another order (test_cpu_matmul.py)
+    "policy.attn_implementation=sdpa",  # ... and the dense mask: the split sums in another order (test_attention.py)
     "rollout.engine._target_=train.rollout.hf_engine.HFEngine",
     "reward._target_=tests.loop_parity.VowelShareReward",
 ]  # fmt: skip
@@ -49,7 +50,7 @@ GRPO_CASES: dict[str, list[str]] = {
 STAGE_COMMON = [
     "total_steps=2", "save_every=1", "keep_last=1", "seed=5", "optim.lr=1e-3", "val_every=1",
     "data.batch_size=4", "data.val_size=4", "data.builtin_size=32", "policy.precision=fp32",
-    "policy.fp32_matmul=torch",
+    "policy.fp32_matmul=torch", "policy.attn_implementation=sdpa",
 ]  # fmt: skip
 TIMING = ("timing/", "perf/")
 

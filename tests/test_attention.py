@@ -149,3 +149,27 @@ def test_every_paper_preset_trains_packed_rows():
     for name in with_paper:
         cfg = build_config(name, [], preset="paper")
         assert cfg.policy.pack_sequences, f"{name} preset=paper: policy.pack_sequences is not true"
+
+
+def test_a_reference_model_takes_the_policys_layout_attention_and_kernels(tiny_model, dist_group):
+    """The KL/DPO reference and the critic are built from `companion_kwargs`: a packed-rows policy gets a
+    packed-rows reference (not the shared-prompt units that stalled under FlexAttention on a GPU), and the
+    same attention, precision and fp32 kernel, so step 1's policy and reference log-probs agree exactly."""
+    from train.policy.fsdp import Policy
+
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(10, 4000, (n,), generator=g).tolist() for n in (4, 7)]
+    rows = [p for p in prompts for _ in range(2)]
+    responses = [torch.randint(10, 4000, (n,), generator=g).tolist() for n in (3, 5, 2, 6)]
+    for layout in ({"pack_sequences": True}, {"share_prompts": True}, {"share_prompts": False}):
+        policy = Policy(tiny_model, lr=1e-3, micro_batch_tokens=24, pad_id=0, **layout)
+        ref = Policy(tiny_model, trainable=False, **policy.companion_kwargs())
+        assert (ref.layout, ref.attn_implementation, ref.precision) == (
+            policy.layout,
+            policy.attn_implementation,
+            policy.precision,
+        )
+        assert ref.precision_choice.fp32_kernel == policy.precision_choice.fp32_kernel
+        assert torch.equal(
+            ref.compute_log_probs(rows, responses)[0], policy.compute_log_probs(rows, responses)[0]
+        )

@@ -179,7 +179,7 @@ class PolicyConfig:
     pack_sequences: bool = (
         False  # padding-free micro-batches (one packed row; for GPUs, wins over share_prompts)
     )
-    attn_implementation: str = "auto"  # auto | sdpa | flex_attention | flash_attention_2 | eager (auto: flex_attention on GPU, sdpa on CPU)
+    attn_implementation: str = "auto"  # auto | sdpa | sdpa_shared_prompt | flex_attention | flash_attention_2 | eager (auto: flex_attention on GPU; on CPU sdpa_shared_prompt for shared-prompt units, else sdpa)
     fp32_matmul: str = checked(
         "auto", choices=("auto", "onednn", "torch")
     )  # CPU, fp32: which kernel multiplies matrices: torch's BLAS (MKL on x86) or oneDNN; auto = oneDNN where measured >= 1.2x faster

@@ -111,6 +111,7 @@ class Policy:
         self.pad_id = pad_id
         self.share_prompts = share_prompts  # rows with one prompt: the prompt runs once (batching.py)
         self.pack_sequences = pack_sequences  # padding-free rows (wins over share_prompts), batching.py
+        self.attn_requested = attn_implementation  # what a companion model asks for (companion_kwargs)
         self.attn_implementation = pick_attention(
             attn_implementation, self.device, trainable, shared=self.layout == "shared"
         )
@@ -176,6 +177,19 @@ class Policy:
             model.requires_grad_(False)
             self.optimizer = None
             self.scheduler = None
+
+    def companion_kwargs(self) -> dict:
+        """The settings a reference model or critic built beside this policy takes from it, so that it computes
+        the same way: the resolved precision and fp32 kernel, the micro-batch layout and the attention."""
+        return {
+            "precision": self.precision,
+            "fp32_matmul": self.precision_choice.fp32_kernel,
+            "micro_batch_tokens": self.micro_batch_tokens,
+            "share_prompts": self.share_prompts,
+            "pack_sequences": self.pack_sequences,
+            "attn_implementation": self.attn_requested,
+            "pad_id": self.pad_id,
+        }
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer updates: every parameter, or under LoRA the adapters alone."""

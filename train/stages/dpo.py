@@ -173,14 +173,8 @@ class DPOTrainer(OfflineStage):
         if self.policy.lora.enabled:  # the base model: the policy with its adapters off, no second copy
             ref = self.policy.frozen_base()
         else:
-            ref = Policy(
-                self.model_path,
-                precision=self.policy.precision,  # the trained policy's resolved choice
-                trainable=False,
-                fp32_matmul=self.policy.precision_choice.fp32_kernel,
-                micro_batch_tokens=self.cfg.policy.micro_batch_tokens,
-                pad_id=self.pad_id,
-            )
+            # precision, layout and attention as the trained policy resolved them
+            ref = Policy(self.model_path, trainable=False, **self.policy.companion_kwargs())
         self._fill(train, ref, self.prompts, self.chosen, self.rejected, missing)
         self._fill(val, ref, *self.val, missing_val)
         del ref

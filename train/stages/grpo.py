@@ -182,15 +182,8 @@ class GRPOTrainer(TrainingLoop):
         if "ref_log_probs" in needs and self.policy.lora.enabled:  # the base: adapters off, no second copy
             self.ref = self.policy.frozen_base()
         elif "ref_log_probs" in needs:
-            self.ref = Policy(
-                self.model_path,
-                precision=self.policy.precision,  # auto is resolved once, by the trained policy
-                trainable=False,
-                fp32_matmul=self.policy.precision_choice.fp32_kernel,
-                micro_batch_tokens=pol.micro_batch_tokens,
-                share_prompts=pol.share_prompts,
-                pad_id=self.pad_id,
-            )
+            # precision, layout and attention as the trained policy resolved them
+            self.ref = Policy(self.model_path, trainable=False, **self.policy.companion_kwargs())
         # the step plug-ins' state (e.g. the in-reward KL coefficient), saved with each checkpoint
         self.plugin_state: dict = {}
         for plugin in registry.step_plugins():
@@ -203,16 +196,12 @@ class GRPOTrainer(TrainingLoop):
             crit = cfg.critic
             self.critic = Critic(
                 resolve_model_path(crit.model_path) if crit.model_path else self.model_path,
-                precision=pol.precision,
                 lr=crit.lr,
                 weight_decay=crit.weight_decay,
                 grad_clip=crit.grad_clip,
                 gradient_checkpointing=pol.gradient_checkpointing,
-                micro_batch_tokens=pol.micro_batch_tokens,
-                share_prompts=pol.share_prompts,
                 total_steps=cfg.total_steps,
-                pad_id=self.pad_id,
-                fp32_matmul=pol.fp32_matmul,
+                **self.policy.companion_kwargs(),
             )
         self.reward_fn = instantiate(OmegaConf.to_container(cfg.reward, resolve=True))
         if self.engine is None:
