@@ -95,11 +95,12 @@ def shared_prompt_block_mask(segments: torch.Tensor, compile_mask: bool = True):
 
 @dataclass
 class SharedPromptSplit:
-    """Index maps of one shared-prompt micro-batch for `split_attention` (built once, used by every layer).
+    """Index maps of one shared-prompt micro-batch for `split_attention`, built once and used by every layer.
 
     The prompt occupies columns 0..P-1 of every unit (left-padded); each response is a run of columns after
-    it. `cols[k]` are response k's columns (clipped past its end), `unit[k]` its unit; `flat_*` name the real
-    tokens (unit, column) <- (response, offset) the outputs are written back to."""
+    it. `cols[k]` are response k's columns (clipped past its end), `unit[k]` its unit; (`flat_unit`,
+    `flat_col`) are the real response tokens in order. The `*_rows` index the (U x T) positions flattened
+    (unit * T + column), the layout `split_attention` gathers from and writes to."""
 
     P: int
     prompt_mask: torch.Tensor  # (U, 1, P, P): causal over real prompt tokens (+ the diagonal for padding)
@@ -108,8 +109,10 @@ class SharedPromptSplit:
     response_mask: torch.Tensor  # (Nr, 1, Rm, P + Rm): the unit's real prompt, then causal over the response
     flat_unit: torch.Tensor  # (M,) the real response tokens' units ...
     flat_col: torch.Tensor  # (M,) ... and columns
-    flat_response: torch.Tensor  # (M,) which response ...
-    flat_offset: torch.Tensor  # (M,) ... and which of its tokens
+    own_rows: torch.Tensor  # (Nr * Rm,) each response's columns
+    prompt_rows: torch.Tensor  # (Nr * P,) its unit's prompt columns
+    answer_rows: torch.Tensor  # (M,) the real tokens among the (Nr * Rm) response outputs
+    write_rows: torch.Tensor  # (U * P + M,) where the prompt outputs, then the real response outputs, go
 
 
 def shared_prompt_split(segments: torch.Tensor) -> SharedPromptSplit:
@@ -122,19 +125,17 @@ def shared_prompt_split(segments: torch.Tensor) -> SharedPromptSplit:
     causal = torch.ones((P, P), dtype=torch.bool, device=dev).tril()
     eye = torch.eye(P, dtype=torch.bool, device=dev)
     prompt_mask = ((causal & prompt_valid[:, None, :]) | eye).unsqueeze(1)
-    # responses: (unit, segment id) pairs in order of first column
-    tail = segments[:, P:]
-    units, seg_ids = [], []
-    starts, lengths = [], []
+    units, starts, lengths = [], [], []  # each response's unit, first column and length, in column order
     for u in range(U):
-        ids, counts = torch.unique_consecutive(tail[u], return_counts=True)
+        ids, counts = torch.unique_consecutive(segments[u, P:], return_counts=True)
         col = P
         for seg, n in zip(ids.tolist(), counts.tolist()):
             if seg > 0:
-                units.append(u), seg_ids.append(seg), starts.append(col), lengths.append(n)
+                units.append(u)
+                starts.append(col)
+                lengths.append(n)
             col += n
-    Nr = len(units)
-    Rm = max(lengths, default=1)
+    Nr, Rm = len(units), max(lengths, default=1)
     unit = torch.tensor(units, dtype=torch.long, device=dev)
     start = torch.tensor(starts, dtype=torch.long, device=dev)
     length = torch.tensor(lengths, dtype=torch.long, device=dev)
@@ -146,18 +147,22 @@ def shared_prompt_split(segments: torch.Tensor) -> SharedPromptSplit:
     )
     own |= torch.eye(Rm, dtype=torch.bool, device=dev)[None] & ~real[:, :, None]  # padding sees itself only
     seen_prompt = prompt_valid[unit][:, None, :].expand(Nr, Rm, P) & real[:, :, None]
-    response_mask = torch.cat([seen_prompt, own], dim=2).unsqueeze(1)
     flat_response, flat_offset = real.nonzero(as_tuple=True)
+    flat_unit, flat_col = unit[flat_response], cols[flat_response, flat_offset]
+    prompt_cols = torch.arange(P, device=dev)
+    all_prompts = (torch.arange(U, device=dev)[:, None] * T + prompt_cols).flatten()
     return SharedPromptSplit(
         P=P,
         prompt_mask=prompt_mask,
         unit=unit,
         cols=cols,
-        response_mask=response_mask,
-        flat_unit=unit[flat_response],
-        flat_col=cols[flat_response, flat_offset],
-        flat_response=flat_response,
-        flat_offset=flat_offset,
+        response_mask=torch.cat([seen_prompt, own], dim=2).unsqueeze(1),
+        flat_unit=flat_unit,
+        flat_col=flat_col,
+        own_rows=(unit[:, None] * T + cols).flatten(),
+        prompt_rows=(unit[:, None] * T + prompt_cols).flatten(),
+        answer_rows=flat_response * Rm + flat_offset,
+        write_rows=torch.cat([all_prompts, flat_unit * T + flat_col]),
     )
 
 
@@ -170,16 +175,18 @@ def split_attention(
 ) -> torch.Tensor:
     """Shared-prompt attention as two dense SDPA calls: the prompts over themselves, and each response over
     its unit's prompt and itself. (U, H, T, d) queries, (U, H_kv, T, d) keys and values -> (U, T, H, d)
-    (padding columns: finite values nothing reads). The dense (U, T, T) mask scores every pair of a unit's columns; this
-    scores P^2 + sum_k R_k (P + R_k) of them (3.2x fewer for 4 answers of 64 tokens to a 40-token prompt).
+    (padding columns: finite values nothing reads). The dense (U, T, T) mask scores every pair of a unit's
+    columns; this scores P^2 + sum_k R_k (P + R_k) of them (3.2x fewer for 4 answers of 64 tokens to a
+    40-token prompt).
 
-    Gathers and the write-back are `index_select` / `index_copy` over flattened (unit, column) rows (their
-    backward passes are one `index_add` / `index_select`). The two products run in fp32 (at least)
-    whatever the inputs: torch's CPU flash-attention backward was slower in bf16 than in fp32 at these shapes (64 x 104
-    per response: 12.0 vs 7.8 ms for 16 responses x 9 heads), and fp32 only adds accuracy."""
+    Gathers and the write-back are `index_select` / `index_copy` over the flattened (unit, column) rows of
+    `split` (their backward passes are one `index_add` / `index_select`). The two products run in fp32 (at
+    least) whatever the inputs: torch's CPU flash-attention backward was slower in bf16 than in fp32 at
+    these shapes (64 x 104 per response: 12.0 vs 7.8 ms for 16 responses x 9 heads), and fp32 only adds
+    accuracy."""
     U, H, T, d = query.shape
     P = split.P
-
+    Nr, Rm = split.cols.shape
     wide = torch.promote_types(query.dtype, torch.float32)
 
     def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -187,34 +194,24 @@ def split_attention(
             q.to(wide), k.to(wide), v.to(wide), attn_mask=mask, scale=scaling, enable_gqa=True
         )
 
-    def rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # (len(index), heads, d)
-        return x.transpose(1, 2).reshape(U * T, x.shape[1], d).index_select(0, index)
+    def rows(x: torch.Tensor, index: torch.Tensor, length: int) -> torch.Tensor:  # (Nr, length, heads, d)
+        flat = x.transpose(1, 2).reshape(U * T, x.shape[1], d)
+        return flat.index_select(0, index).view(Nr, length, x.shape[1], d)
 
-    outputs, where = [], []
+    def keys(x: torch.Tensor) -> torch.Tensor:  # (Nr, H_kv, P + Rm, d): the unit's prompt, then its own
+        return torch.cat([rows(x, split.prompt_rows, P), rows(x, split.own_rows, Rm)], dim=1).transpose(1, 2)
+
+    outputs = []
     if P:
         prompt = sdpa(query[:, :, :P], key[:, :, :P], value[:, :, :P], split.prompt_mask)
         outputs.append(prompt.transpose(1, 2).reshape(U * P, H, d))
-        where.append(
-            (
-                torch.arange(U, device=query.device)[:, None] * T + torch.arange(P, device=query.device)
-            ).flatten()
-        )
-    if split.unit.numel():
-        Nr, Rm = split.cols.shape
-        own = (split.unit[:, None] * T + split.cols).flatten()
-        before = (split.unit[:, None] * T + torch.arange(P, device=query.device)).flatten()
-
-        def keys(x: torch.Tensor) -> torch.Tensor:  # (Nr, H_kv, P + Rm, d): the unit's prompt, then its own
-            both = torch.cat([rows(x, before).view(Nr, P, -1, d), rows(x, own).view(Nr, Rm, -1, d)], dim=1)
-            return both.transpose(1, 2)
-
-        q = rows(query, own).view(Nr, Rm, H, d).transpose(1, 2)
+    if Nr:
+        q = rows(query, split.own_rows, Rm).transpose(1, 2)
         answers = sdpa(q, keys(key), keys(value), split.response_mask).transpose(1, 2).reshape(Nr * Rm, H, d)
-        outputs.append(answers.index_select(0, split.flat_response * Rm + split.flat_offset))
-        where.append(split.flat_unit * T + split.flat_col)
+        outputs.append(answers.index_select(0, split.answer_rows))
     out = query.new_zeros(U * T, H, d)
     if outputs:
-        out = out.index_copy(0, torch.cat(where), torch.cat(outputs).to(query.dtype))
+        out = out.index_copy(0, split.write_rows, torch.cat(outputs).to(query.dtype))
     return out.view(U, T, H, d)
 
 

@@ -51,9 +51,7 @@ class MicroBatch:
     gather_col: torch.Tensor | None = None  # (b, R)
     input_valid: torch.Tensor | None = None  # (U, T) real tokens
     segments: torch.Tensor | None = None  # (U, T) 0 prompt, j+1 response j, -1 padding (attention.py)
-    attention_kwargs: dict = dataclasses.field(
-        default_factory=dict
-    )  # extra model kwargs (attention.py split)
+    attention_kwargs: dict = dataclasses.field(default_factory=dict)  # extra model kwargs (the split)
 
     @property
     def num_tokens(self) -> int:

@@ -15,8 +15,6 @@ around 1e-7 per product, tests/test_cpu_matmul.py).
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -86,17 +84,11 @@ def route_linears(model: torch.nn.Module) -> int:
 def onednn_flops_per_s(size: int, min_time_s: float) -> float:
     """Sustained fp32 rate (FLOP/s) of oneDNN's product of two size x size matrices (the precision probe's
     counterpart of torch.mm), 0.0 where this torch has no oneDNN."""
+    from train.policy.precision import matmul_flops_per_s
+
     if not onednn_available():
         return 0.0
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    _mm_t(a, b)  # warm-up: oneDNN builds its kernel for the shape
-    reps, t0 = 0, time.perf_counter()
-    while True:
-        _mm_t(a, b)
-        reps += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= min_time_s:
-            return 2.0 * size**3 * reps / elapsed
+    return matmul_flops_per_s(torch.float32, torch.device("cpu"), size, min_time_s, product=_mm_t)
 
 
 def pick_kernel(requested: str, torch_flops: float, onednn_flops: float) -> str:
@@ -108,5 +100,6 @@ def pick_kernel(requested: str, torch_flops: float, onednn_flops: float) -> str:
             "policy.fp32_matmul=onednn: this torch build has no oneDNN (torch.backends.mkldnn); use torch or auto"
         )
     if requested == "auto":
-        return "onednn" if onednn_available() and onednn_flops >= MIN_SPEEDUP * torch_flops else "torch"
+        faster = onednn_flops > 0 and onednn_flops >= MIN_SPEEDUP * torch_flops  # unmeasured: torch
+        return "onednn" if onednn_available() and faster else "torch"
     return requested

@@ -41,13 +41,9 @@ class PrecisionChoice:
     precision: str  # fp32 | bf16
     requested: str  # auto | fp32 | bf16
     device: str  # cpu | cuda
-    fp32_flops: (
-        float | None
-    )  # measured square-matmul FLOP/s of the fp32 kernel in use (None when not measured)
+    fp32_flops: float | None  # measured rate of the fp32 kernel in use (None when not measured)
     bf16_flops: float | None
-    fp32_kernel: str = (
-        "torch"  # torch (its BLAS: MKL on x86) | onednn: what multiplies fp32 matrices on a CPU
-    )
+    fp32_kernel: str = "torch"  # CPU fp32 products: torch (its BLAS, MKL on x86) | onednn
     fp32_torch_flops: float | None = None  # torch.mm's fp32 rate, when oneDNN's was measured beside it
 
     @property
@@ -91,8 +87,11 @@ def choose(fp32_flops: float, bf16_flops: float, min_speedup: float = BF16_MIN_S
     return "bf16" if bf16_flops >= min_speedup * fp32_flops else "fp32"
 
 
-def matmul_flops_per_s(dtype: torch.dtype, device: torch.device, size: int, min_time_s: float) -> float:
-    """Sustained square-matmul rate (FLOP/s) on `device`: the best of 3 timed runs of >= min_time_s each."""
+def matmul_flops_per_s(
+    dtype: torch.dtype, device: torch.device, size: int, min_time_s: float, product=torch.mm
+) -> float:
+    """Sustained square-matmul rate (FLOP/s) of `product` (torch.mm, or another kernel's a x b) on `device`:
+    repeated until at least min_time_s has passed, after one warm-up call."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
 
@@ -100,11 +99,11 @@ def matmul_flops_per_s(dtype: torch.dtype, device: torch.device, size: int, min_
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    torch.mm(a, b)  # warm-up (kernel selection, lazy init)
+    product(a, b)  # warm-up (kernel selection, lazy init)
     sync()
     reps, t0 = 0, time.perf_counter()
     while True:
-        torch.mm(a, b)
+        product(a, b)
         reps += 1
         if reps % 4 == 0 or device.type != "cuda":
             sync()
@@ -181,12 +180,13 @@ def resolve_precision(requested: str, device: torch.device, fp32_matmul: str = "
 
     if requested not in PRECISIONS:
         raise ValueError(f"policy.precision={requested!r}: expected one of {', '.join(PRECISIONS)}")
-    pick_kernel(fp32_matmul, 0.0, 0.0)  # a bad value fails here, whatever else is asked
+    unmeasured = pick_kernel(fp32_matmul, 0.0, 0.0)  # a bad value fails here; auto without rates: torch
     on_cpu = device.type == "cpu"
     measure = requested == "auto" or (on_cpu and requested == "fp32" and fp32_matmul == "auto")
     if not measure:
-        kernel = pick_kernel(fp32_matmul, 0.0, 0.0) if on_cpu and fp32_matmul != "auto" else "torch"
-        return PrecisionChoice(requested, requested, device.type, None, None, kernel)
+        return PrecisionChoice(
+            requested, requested, device.type, None, None, unmeasured if on_cpu else "torch"
+        )
     from train.policy.distributed import all_reduce_sum
 
     # one decision for all ranks: every rank measures and they agree on the summed rates

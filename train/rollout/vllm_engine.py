@@ -111,8 +111,8 @@ def engine_kwargs(
         kwargs["enable_chunked_prefill"] = False
         # KV blocks of CPU_BLOCK_SIZE tokens, not vLLM's CPU default of 128: prefix caching reuses whole blocks
         # only, so the n samples of a group shared nothing of a prompt under 128 tokens and prefilled it n times
-        kwargs["block_size"] = block_size or CPU_BLOCK_SIZE
-    if block_size:
+        kwargs["block_size"] = CPU_BLOCK_SIZE
+    if block_size:  # an explicit size wins on either device
         kwargs["block_size"] = block_size
     return kwargs
 
@@ -222,8 +222,8 @@ class VLLMEngine:
     (ranks per TP group, consecutive; must divide world_size), `sleep_level` (2 = drop weights and KV
     cache for the policy update, 1 = weights to CPU, 0 = never sleep), `enforce_eager` (None = CUDA graphs
     on GPU, eager on CPU), `block_size` (tokens per KV block; None = 32 on CPU, vLLM's own on GPU: prefix
-    caching shares whole blocks, so a group's n samples reuse their prompt's KV). `kv_cache_gb` is the CPU KV cache (on GPU the cache gets what
-    `gpu_memory_utilization` leaves after the weights and activations). `sleep_level=2` is for the
+    caching shares whole blocks, so a group's n samples reuse their prompt's KV). `kv_cache_gb` is the CPU
+    KV cache (on GPU the cache gets what `gpu_memory_utilization` leaves after the weights and activations). `sleep_level=2` is for the
     policy's rollout engine, the only one that sleeps; every other engine passes `sleep_level=0` and
     holds `gpu_memory_utilization` of each GPU while it lives (see the module docstring).
     """
