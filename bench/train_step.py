@@ -134,8 +134,8 @@ def matmul_rates(trials: int = 5) -> tuple[float, float, float]:
     process hits every kernel alike instead of deciding which one looks faster."""
     import torch
 
-    from train.policy.cpu_matmul import onednn_flops_per_s
     from train.policy.precision import matmul_flops_per_s as rate
+    from train.policy.precision import onednn_flops_per_s
 
     cpu = torch.device("cpu")
     fp32 = bf16 = onednn = 0.0

@@ -27,7 +27,7 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b.T (+ bias) in oneDNN; strided views are read in place (no transposed copies)."""
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
@@ -40,7 +40,7 @@ class _OneDNNLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
-        return _mm_t(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return mm_t(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     @once_differentiable
@@ -49,9 +49,9 @@ class _OneDNNLinear(torch.autograd.Function):
         g2 = grad.reshape(-1, grad.shape[-1])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = _mm_t(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])
+            dx = mm_t(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:
-            dw = _mm_t(g2.t(), x2.t())
+            dw = mm_t(g2.t(), x2.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = g2.sum(0)
         return dx, dw, db
@@ -79,16 +79,6 @@ def route_linears(model: torch.nn.Module) -> int:
             module.__class__ = OneDNNLinear
             n += 1
     return n
-
-
-def onednn_flops_per_s(size: int, min_time_s: float) -> float:
-    """Sustained fp32 rate (FLOP/s) of oneDNN's product of two size x size matrices (the precision probe's
-    counterpart of torch.mm), 0.0 where this torch has no oneDNN."""
-    from train.policy.precision import matmul_flops_per_s
-
-    if not onednn_available():
-        return 0.0
-    return matmul_flops_per_s(torch.float32, torch.device("cpu"), size, min_time_s, product=_mm_t)
 
 
 def pick_kernel(requested: str, torch_flops: float, onednn_flops: float) -> str:

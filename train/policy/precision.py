@@ -112,6 +112,15 @@ def matmul_flops_per_s(
                 return 2.0 * size**3 * reps / elapsed
 
 
+def onednn_flops_per_s(size: int, min_time_s: float) -> float:
+    """oneDNN's sustained fp32 rate for the same square product (cpu_matmul.py's kernel), 0.0 without oneDNN."""
+    from train.policy.cpu_matmul import mm_t, onednn_available
+
+    if not onednn_available():
+        return 0.0
+    return matmul_flops_per_s(torch.float32, torch.device("cpu"), size, min_time_s, product=mm_t)
+
+
 def machine_key(device_type: str) -> str:
     """What the two rates depend on: the processor (or GPU), the thread count and torch's version."""
     if device_type == "cuda":
@@ -143,8 +152,6 @@ def _measure(device_type: str) -> tuple[float, float, float]:
     keeps the per-rate maximum of this and every earlier measurement on disk: load only ever lowers a rate, so
     the kept figures rise to the idle machine's and every run on the machine decides from (nearly) the same
     rates."""
-    from train.policy.cpu_matmul import onednn_flops_per_s
-
     keys = ("fp32_flops", "bf16_flops", "fp32_onednn_flops")
     path = _cache_file(device_type)
     try:
