@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from infra.process_exit import exit_now
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
 from train.policy.sharded_state import export_hf, load_sharded, save_sharded
@@ -66,4 +67,4 @@ def main(model: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    exit_now(main(sys.argv[1]))

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from infra.process_exit import exit_now
 from train.plan import CONTEXT_GIB, GPUS, KNOWN_MODELS, VLLM_ASLEEP_GIB, Arch, Workload, memory
 
 GIB = 2**30
@@ -320,3 +321,4 @@ if __name__ == "__main__":
     # `timeout -s USR1` (bench/device_check.sh): every thread's Python stack, where a stall sits; runs on after
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     main()
+    exit_now(0)

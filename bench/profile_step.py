@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from infra.process_exit import exit_now
 
 # Operators whose self time is matrix-product work (names as torch's profiler reports them).
 MATMUL_MARKERS = (
@@ -248,5 +249,4 @@ if __name__ == "__main__":
 
     allocator.ensure()
     main()
-    sys.stdout.flush()
-    os._exit(0)  # vLLM's in-process engine can keep non-daemon threads alive at exit
+    exit_now(0)  # no interpreter teardown: vLLM's and gloo's threads outlive it (infra/process_exit.py)

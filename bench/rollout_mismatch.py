@@ -19,6 +19,7 @@ import torch
 
 from data_prep.datasets import load_prompt_rows
 from infra.models import resolve_model_path
+from infra.process_exit import exit_now
 from train.algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
@@ -87,4 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from infra.process_exit import exit_now
 from train.flops import ModelDims, StepWork, step_flops
 from train.rollout.vllm_engine import VLLMEngine  # imports vLLM itself only when an engine starts
 
@@ -447,8 +448,7 @@ def _worker_main(args) -> None:
     else:
         result = run_ours(args, args.lora_rank if args.worker == "lora" else 0)
     Path(args.out).write_text(json.dumps(result))
-    sys.stdout.flush()
-    os._exit(0)  # vLLM/reward pools can leave non-daemon threads behind
+    exit_now(0)  # no interpreter teardown: vLLM's, gloo's and the reward pools' threads outlive it
 
 
 def _run_side(args, side: str, precision: str, env: dict, alloc: str) -> tuple[dict | None, str]:

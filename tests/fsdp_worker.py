@@ -5,13 +5,13 @@ step is scale-invariant and would hide a normalisation error. Rows are split acr
 as the trainer does, and the loss uses the trainer's own normalisation.
 """
 
-import os
 import sys
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
+from infra.process_exit import exit_now
 from train.algorithms.advantages import compute_grpo_outcome_advantage
 from train.batch import Batch
 from train.policy.distributed import init_distributed
@@ -59,9 +59,4 @@ def main(model: str, out: str, mode: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3])
-    # The result is on disk and the group is gone: skip the interpreter's teardown, where a C++ thread still
-    # joinable at exit aborted one rank ("terminate called without an active exception", about 1 run in 3 on
-    # 2 cores, before any change of this file's subject) and failed a test whose numbers were already written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now(0)  # results are on disk: no interpreter teardown (infra/process_exit.py says why)

@@ -14,6 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from infra.process_exit import exit_now
 from train.rewards.base import RewardResult
 
 COMMON = [
@@ -158,4 +159,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    os._exit(0)
+    exit_now(0)

@@ -12,6 +12,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
+from infra.process_exit import exit_now
 from train.policy.distributed import all_gather_objects, barrier, init_distributed
 from train.policy.fsdp import Policy
 
@@ -43,3 +44,4 @@ def main(warm: str, big: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    exit_now(0)  # results are on disk: no interpreter teardown (infra/process_exit.py says why)

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoTokenizer
 
 from infra import checkpoint_layout as layout
+from infra.process_exit import exit_now
 from train import checkpoint as ckpt
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
@@ -51,3 +52,4 @@ def main(model: str, folder: str, mode: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    exit_now(0)  # results are on disk: no interpreter teardown (infra/process_exit.py says why)

@@ -7,7 +7,6 @@ under torchrun.
 
 from __future__ import annotations
 
-import os
 import sys
 
 USAGE = """usage: python -m train [experiment=NAME] [preset=NAME] [key=value ...] [--validate | --help]
@@ -92,8 +91,7 @@ def _help(experiment: str | None, preset: str | None, overrides: list[str]) -> i
 
 if __name__ == "__main__":
     from infra import allocator
+    from infra.process_exit import exit_now
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # vLLM's in-process engine can keep non-daemon threads alive at exit
+    exit_now(main())  # no interpreter teardown: vLLM's and gloo's threads outlive it (infra/process_exit.py)

@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         a = p.parse_args(argv)
         try:
             return run_stage_process(a.run_stage[0], a.run_stage[1], a.metrics_out)
-        except BaseException:  # printed here: the caller exits with os._exit (vLLM threads)
+        except BaseException:  # printed here: the caller exits with exit_now
             traceback.print_exc()
             return 1
     p = argparse.ArgumentParser(
@@ -436,8 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     from infra import allocator
+    from infra.process_exit import exit_now
 
     allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # vLLM's in-process engine can keep non-daemon threads alive at exit
+    exit_now(main())  # no interpreter teardown: vLLM's and gloo's threads outlive it (infra/process_exit.py)

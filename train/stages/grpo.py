@@ -15,7 +15,6 @@ logged figures are reduced across ranks.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -627,7 +626,9 @@ class GRPOStage:
 
 
 if __name__ == "__main__":  # torchrun entry: python -m train.stages.grpo <config.yaml>
+    from infra.process_exit import exit_now
+
     run(OmegaConf.load(sys.argv[1]))
     if dist.is_initialized():
         dist.destroy_process_group()
-    os._exit(0)
+    exit_now(0)
