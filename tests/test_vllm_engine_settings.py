@@ -48,6 +48,13 @@ def test_bad_settings_name_the_key():
         engine_kwargs("cuda", "bfloat16", 1, 512, 1, gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="rollout.engine.sleep_level"):
         engine_kwargs("cuda", "bfloat16", 1, 512, 1, sleep_level=3)
+    for bad in (0, -32, 32.5, True):
+        with pytest.raises(ValueError, match="rollout.engine.block_size=.*positive number of tokens"):
+            engine_kwargs("cuda", "bfloat16", 1, 512, 1, block_size=bad)
+    # vLLM's CPU attention runs 32-token multiples; 16 fell to a kernel that failed (measured with vLLM 0.32)
+    with pytest.raises(ValueError, match="rollout.engine.block_size=16: .*multiple of 32"):
+        engine_kwargs("cpu", "float32", 1, 512, 1, block_size=16)
+    assert engine_kwargs("cuda", "bfloat16", 1, 512, 1, block_size=16)["block_size"] == 16  # GPUs take it
 
 
 def test_engine_keys_reach_the_engine_arguments_and_are_checked_before_a_model_loads():

@@ -57,7 +57,12 @@ def _configure_env(kv_cache_gb: float) -> None:
 
 
 def check_settings(
-    world_size: int, gpu_memory_utilization: float, tensor_parallel_size: int, sleep_level: int, **_: object
+    world_size: int,
+    gpu_memory_utilization: float,
+    tensor_parallel_size: int,
+    sleep_level: int,
+    block_size: int | None = None,
+    **_: object,
 ) -> None:
     """The engine's own range checks (a ValueError naming the key), run by config validation with the
     constructor's arguments as configured and by the constructor itself."""
@@ -69,6 +74,12 @@ def check_settings(
         )
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"rollout.engine.gpu_memory_utilization={gpu_memory_utilization}: expected (0, 1]")
+    if block_size is not None and (
+        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+    ):
+        raise ValueError(
+            f"rollout.engine.block_size={block_size!r}: expected a positive number of tokens (or null)"
+        )
 
 
 def engine_kwargs(
@@ -86,7 +97,12 @@ def engine_kwargs(
     block_size: int | None = None,
 ) -> dict:
     """The keyword arguments of `vllm.LLM(...)` for an engine colocated on `device_type` (cpu | cuda)."""
-    check_settings(world_size, gpu_memory_utilization, tensor_parallel_size, sleep_level)
+    check_settings(world_size, gpu_memory_utilization, tensor_parallel_size, sleep_level, block_size)
+    if device_type != "cuda" and block_size and block_size % CPU_BLOCK_SIZE:
+        raise ValueError(
+            f"rollout.engine.block_size={block_size}: vLLM's CPU attention kernels need a multiple of "
+            f"{CPU_BLOCK_SIZE} tokens (other sizes fall to a kernel that fails); use {CPU_BLOCK_SIZE} (the default)"
+        )
     kwargs: dict = {
         "dtype": dtype,
         "seed": seed,
@@ -112,7 +128,7 @@ def engine_kwargs(
         # KV blocks of CPU_BLOCK_SIZE tokens, not vLLM's CPU default of 128: prefix caching reuses whole blocks
         # only, so the n samples of a group shared nothing of a prompt under 128 tokens and prefilled it n times
         kwargs["block_size"] = CPU_BLOCK_SIZE
-    if block_size:  # an explicit size wins on either device
+    if block_size is not None:  # an explicit size wins on either device
         kwargs["block_size"] = block_size
     return kwargs
 
