@@ -87,4 +87,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from infra.process_exit import exit_now
+
     main()
+    exit_now(
+        0
+    )  # no interpreter teardown: vLLM's in-process engine threads outlive it (infra/process_exit.py)

@@ -112,4 +112,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from infra.process_exit import exit_now
+
+    exit_now(main())  # no interpreter teardown: gloo's threads outlive it (infra/process_exit.py)
