@@ -73,6 +73,57 @@ def matmul_share(rows: list[OpRow]) -> float:
     return sum(r.self_cpu_us for r in rows if is_matmul(r.name)) / total if total else 0.0
 
 
+def decode_gemm_seconds(rows: list[OpRow]) -> float:
+    """Self time of the engine's GEMMs (vLLM's CPU backend multiplies through `_C::onednn_mm`)."""
+    return sum(r.self_cpu_us for r in rows if "onednn_mm" in r.name and "handler" not in r.name) / 1e6
+
+
+def shape_rates_report(
+    precision: str,
+    threads: int,
+    rates: dict[str, float],
+    shapes: dict[str, str],
+    decode_flops: float,
+    decode_gemm_s: float,
+) -> str:
+    """What the step's own matrix shapes allow: the square-product rate the floor uses (bench-train's
+    `floor_s`), a decode step's product (one row per sequence decoded together) and a training
+    micro-batch's, in GFLOP/s; and the decode products' time at their shape's rate against what the
+    profiled engine spent in its GEMMs. A decode at a few dozen rows runs far below the square rate,
+    which is the part of the floor gap no implementation of the same rollout closes."""
+    names = ", ".join(f"{k} ({shapes.get(k, '?')}) {v / 1e9:.0f}" for k, v in rates.items())
+    at_shape = decode_flops / rates["decode"] if rates.get("decode") else float("nan")
+    at_square = decode_flops / rates["square"] if rates.get("square") else float("nan")
+    return (
+        f"{precision} products at the step's shapes ({threads} threads), GFLOP/s: {names}\n"
+        f"decode products: {decode_flops / 1e12:.3f} TFLOP = {at_square:.2f} s at the square rate, "
+        f"{at_shape:.2f} s at the decode shape's; the profiled engine's GEMMs took {decode_gemm_s:.2f} s"
+    )
+
+
+def linear_flops_per_s(rows: int, inner: int, outer: int, dtype, min_time_s: float = 0.3) -> float:
+    """Sustained rate of one (rows x inner) x (inner x outer) linear layer product at `dtype`: F.linear, and
+    for fp32 also oneDNN's (the kernel a CPU policy and vLLM may use instead), the faster one."""
+    import torch
+
+    from train.policy.cpu_matmul import mm_t, onednn_available
+
+    x = torch.randn(rows, inner).to(dtype)
+    w = torch.randn(outer, inner).to(dtype)
+    products = [torch.nn.functional.linear]
+    if dtype == torch.float32 and onednn_available():
+        products.append(mm_t)
+    best = 0.0
+    for product in products:
+        product(x, w)  # warm-up
+        reps, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < min_time_s or reps == 0:
+            product(x, w)
+            reps += 1
+        best = max(best, 2.0 * rows * inner * outer * reps / elapsed)
+    return best
+
+
 def operator_table(rows: list[OpRow], top: int) -> str:
     """The `top` operators by self CPU time: seconds, share of all operator time, calls, matmul or not."""
     total = sum(r.self_cpu_us for r in rows) or 1.0
@@ -213,7 +264,39 @@ def profile(args) -> str:
         f" the rest {1 - share:.1%}"
     )
     out.append(operator_table(rows, args.top))
+    out += ["", shape_rates(args, decode_gemm_seconds(rows))]
     return "\n".join(out)
+
+
+def shape_rates(args, decode_gemm_s: float) -> str:
+    """`shape_rates_report` for this run's model, workload and precision (measured after the profiled step;
+    the square rate is bench-train's, the one its `floor_s` divides by)."""
+    import torch
+    from transformers import AutoConfig
+
+    from bench.train_step import matmul_rates, model_dims
+
+    config = AutoConfig.from_pretrained(args.model)
+    hidden, inner = config.hidden_size, config.intermediate_size
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    dims = model_dims(args.model)
+    sequences = args.prompts * args.samples
+    fp32_torch, bf16, fp32_onednn = matmul_rates(trials=3)
+    rates = {
+        "square": bf16 if args.precision == "bf16" else max(fp32_torch, fp32_onednn),
+        "decode": 0.0,
+        "training": 0.0,
+    }
+    for _ in range(3):  # best of alternating trials, as matmul_rates
+        rates["decode"] = max(rates["decode"], linear_flops_per_s(sequences, hidden, inner, dtype))
+        rates["training"] = max(rates["training"], linear_flops_per_s(2048, hidden, inner, dtype))
+    shapes = {
+        "square": "bench-train's floor rate",
+        "decode": f"{sequences} x {hidden} x {inner}",
+        "training": f"2048 x {hidden} x {inner}",
+    }
+    decode_flops = 2.0 * (dims.body_params + dims.hidden * dims.vocab) * sequences * args.new_tokens
+    return shape_rates_report(args.precision, args.threads, rates, shapes, decode_flops, decode_gemm_s)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -16,10 +16,12 @@ from bench.profile_step import (
     OpRow,
     PhaseLog,
     PhaseUsage,
+    decode_gemm_seconds,
     is_matmul,
     matmul_share,
     operator_table,
     rows_from_key_averages,
+    shape_rates_report,
 )
 from infra import allocator
 
@@ -57,6 +59,46 @@ def test_matmul_share_and_table_on_hand_rows():
     assert table[1].split()[:5] == ["aten::mm", "0.001", "60.0%", "2", "matmul"]
     assert table[2].split()[:5] == ["aten::copy_", "0.000", "30.0%", "10", "other"]
     assert table[3].startswith("(1 more operators)") and table[3].split()[-1] == "10.0%"
+
+
+def test_shape_rates_report_prices_the_decode_products_at_their_own_shape():
+    rows = [OpRow("_C::onednn_mm", 1_100_000.0, 7744), OpRow("_C::create_onednn_mm_handler", 40_000.0, 122),
+            OpRow("aten::mm", 2_000_000.0, 1266)]  # fmt: skip
+    assert decode_gemm_seconds(rows) == pytest.approx(1.1)  # the engine's GEMMs only, not their set-up
+    rates = {"square": 1000e9, "decode": 500e9, "training": 800e9}
+    shapes = {"square": "floor rate", "decode": "32 x 576 x 1536", "training": "2048 x 576 x 1536"}
+    lines = shape_rates_report("bf16", 2, rates, shapes, 0.55e12, 1.1).splitlines()
+    assert lines[0] == (
+        "bf16 products at the step's shapes (2 threads), GFLOP/s: square (floor rate) 1000, "
+        "decode (32 x 576 x 1536) 500, training (2048 x 576 x 1536) 800"
+    )
+    assert "0.550 TFLOP = 0.55 s at the square rate, 1.10 s at the decode shape's" in lines[1]
+    assert lines[1].endswith("the profiled engine's GEMMs took 1.10 s")
+
+
+@pytest.mark.slow
+def test_make_bench_profile_runs_a_tiny_step_end_to_end(tmp_path):
+    """`python -m bench.profile_step` on the tiny model: one profiled step (vLLM rollout, FSDP2 update) and every
+    section of its report, the products at the step's own shapes included."""
+    from infra.models import PROJECT_ROOT
+
+    trace = tmp_path / "trace.json"
+    cmd = [sys.executable, "-m", "bench.profile_step", "--model", "tiny", "--steps", "1", "--prompts", "2",
+           "--samples", "2", "--new-tokens", "4", "--precision", "fp32", "--trace", str(trace)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = proc.stdout.split("=" * 100)[-1]
+    assert "GRPO step 1 under torch.profiler, fp32" in report
+    for phase in ("rollout", "reward", "update", "weight_sync", "step"):
+        assert any(line.split()[:1] == [phase] for line in report.splitlines()), phase
+    assert "matrix products" in report
+    assert any(
+        line.split()[-1:] == ["matmul"] for line in report.splitlines()
+    )  # the policy's or vLLM's GEMMs
+    shapes = next(line for line in report.splitlines() if "products at the step's shapes" in line)
+    assert "decode (4 x 128 x " in shapes and "training (2048 x 128 x " in shapes
+    assert "decode products:" in report and trace.stat().st_size > 0
 
 
 def test_phase_table_sums_usage_and_shares():
