@@ -13,6 +13,26 @@ import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = Path(os.environ.get("RLPOST_SHARED_DIR", PROJECT_ROOT.parent / "shared"))
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config) -> None:
+    """Once pytest has reported, end a run that joined a process group (dist_group, FSDP2, vLLM in-process)
+    through `exit_now` with pytest's own status: the interpreter's teardown could otherwise abort the process
+    after every test passed (infra/process_exit.py says how; it happened to a 2-rank test worker in CI)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None)
+    if _EXIT_STATUS and dist is not None and dist.is_available() and dist.is_initialized():
+        from infra.process_exit import exit_now
+
+        exit_now(_EXIT_STATUS[-1])
 
 
 @pytest.fixture(scope="session")

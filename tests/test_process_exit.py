@@ -1,6 +1,7 @@
 """infra.process_exit: the way every entry point and torchrun worker ends (a rank of a 2-rank gloo test aborted in
 the interpreter's teardown after its results were written)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,47 @@ def test_every_torchrun_worker_and_entry_point_ends_through_exit_now():
         if "exit_now(" not in main_block:
             missing.append(str(path.relative_to(PROJECT_ROOT)))
     assert not missing, f"end these with infra.process_exit.exit_now: {missing}"
+
+
+PYTEST_CASE = """
+import atexit
+
+import torch.distributed as dist
+
+from train.policy.distributed import init_distributed
+
+atexit.register(lambda: print("TEARDOWN", flush=True))
+
+
+def test_joins_a_group():
+    if JOIN:
+        init_distributed()
+    assert dist.is_initialized() == JOIN
+
+
+def test_outcome():
+    assert OUTCOME
+"""
+
+
+def test_a_pytest_run_that_joined_a_group_ends_with_pytests_status_after_its_report(tmp_path):
+    """tests/conftest.py ends such a run through exit_now once pytest has reported: the summary line is
+    printed, the exit status is pytest's (0 all passed, 1 a failure), and no teardown runs (the atexit line
+    is missing); a run that joined no group ends as usual."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    cases = [
+        (True, True, 0, "2 passed"),
+        (True, False, 1, "1 failed, 1 passed"),
+        (False, True, 0, "2 passed"),
+    ]
+    for i, (join, outcome, status, summary) in enumerate(cases):
+        case = tmp_path / f"case{i}" / "test_case.py"
+        case.parent.mkdir()
+        case.write_text(PYTEST_CASE.replace("JOIN", str(join)).replace("OUTCOME", str(outcome)))
+        cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "tests.conftest", "--rootdir", str(case.parent),
+               "-p", "no:cacheprovider", str(case)]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        lines = proc.stdout.splitlines()
+        assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert summary in (lines[-2] if not join else lines[-1])
+        assert ("TEARDOWN" in lines) == (not join)  # the teardown ran only where no group was joined
