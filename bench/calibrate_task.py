@@ -90,6 +90,4 @@ if __name__ == "__main__":
     from infra.process_exit import exit_now
 
     main()
-    exit_now(
-        0
-    )  # no interpreter teardown: vLLM's in-process engine threads outlive it (infra/process_exit.py)
+    exit_now(0)  # no teardown: vLLM's in-process engine threads outlive it (infra/process_exit.py)

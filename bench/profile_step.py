@@ -107,21 +107,15 @@ def linear_flops_per_s(rows: int, inner: int, outer: int, dtype, min_time_s: flo
     import torch
 
     from train.policy.cpu_matmul import mm_t, onednn_available
+    from train.policy.precision import product_flops_per_s
 
     x = torch.randn(rows, inner).to(dtype)
     w = torch.randn(outer, inner).to(dtype)
     products = [torch.nn.functional.linear]
     if dtype == torch.float32 and onednn_available():
         products.append(mm_t)
-    best = 0.0
-    for product in products:
-        product(x, w)  # warm-up
-        reps, t0 = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - t0) < min_time_s or reps == 0:
-            product(x, w)
-            reps += 1
-        best = max(best, 2.0 * rows * inner * outer * reps / elapsed)
-    return best
+    flops = 2.0 * rows * inner * outer
+    return max(product_flops_per_s(product, x, w, flops, min_time_s) for product in products)
 
 
 def operator_table(rows: list[OpRow], top: int) -> str:

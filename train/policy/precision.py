@@ -90,16 +90,22 @@ def choose(fp32_flops: float, bf16_flops: float, min_speedup: float = BF16_MIN_S
 def matmul_flops_per_s(
     dtype: torch.dtype, device: torch.device, size: int, min_time_s: float, product=torch.mm
 ) -> float:
-    """Sustained square-matmul rate (FLOP/s) of `product` (torch.mm, or another kernel's a x b) on `device`:
-    repeated until at least min_time_s has passed, after one warm-up call."""
+    """Sustained square-matmul rate (FLOP/s) of `product` (torch.mm, or another kernel's a x b) on `device`."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
+    return product_flops_per_s(product, a, b, 2.0 * size**3, min_time_s)
+
+
+def product_flops_per_s(product, a: torch.Tensor, b: torch.Tensor, flops: float, min_time_s: float) -> float:
+    """Sustained rate (FLOP/s) of `product(a, b)`, a product of `flops` FLOPs: repeated until at least
+    min_time_s has passed, after one warm-up call (kernel selection, lazy init); GPU work is synchronised."""
+    device = a.device
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    product(a, b)  # warm-up (kernel selection, lazy init)
+    product(a, b)
     sync()
     reps, t0 = 0, time.perf_counter()
     while True:
@@ -109,7 +115,7 @@ def matmul_flops_per_s(
             sync()
             elapsed = time.perf_counter() - t0
             if elapsed >= min_time_s:
-                return 2.0 * size**3 * reps / elapsed
+                return flops * reps / elapsed
 
 
 def onednn_flops_per_s(size: int, min_time_s: float) -> float:
