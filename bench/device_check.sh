@@ -6,6 +6,8 @@
 #   bench/device_check.sh random   # a random-init SmolLM2-135M (real config): 2 GRPO steps with the HF engine
 #                                  # (MFU, peak vs the planner), 1 step with policy.cpu_offload=true, DCP round trip
 #   bench/device_check.sh real     # the same on the embedded GGUF joined from two pieces (/root/gguf.a + gguf.b)
+#   bench/device_check.sh flex     # bench/flex_probe.py (FlexAttention alone, stage by stage), then the memory
+#                                  # probe's shared layout at 2K and paper lengths and its unshared layout
 # Python packages the image lacks (hydra, omegaconf, antlr4: pure Python) travel as a site folder, $CARRY/site,
 # or as wheels in $WHL; the tokenizer and config in $CARRY/tok. Results go to $OUT; each check has its own
 # time limit and a failed one is reported and the next still runs.
@@ -36,6 +38,16 @@ check() {  # check SECONDS NAME COMMAND...: run it under a limit; a failure is r
 
 probe() {
   TORCH_LOGS=${TORCH_LOGS:-recompiles} check "${PROBE_S:-240}" probe python3 -m bench.memory_probe --gpu "${GPU_KIND:-h100}" --out "$OUT/probe.json" ${PROBE_ARGS:-}
+}
+
+flex() {  # where the shared-prompt layout stalls: FlexAttention alone, then the policy at growing lengths
+  check "${FLEX_S:-170}" flex python3 -m bench.flex_probe --stage-s 45 --out "$OUT/flex.json" \
+    --cases shared:1x4096,shared:1x16384,shared:2x16384,packed:1x32768
+  check 110 probe-shared-2k python3 -m bench.memory_probe --gpu "$GPU_KIND" --layouts shared --max-response 2048 \
+    --out "$OUT/probe-shared-2k.json"
+  check 100 probe-shared python3 -m bench.memory_probe --gpu "$GPU_KIND" --layouts shared --out "$OUT/probe-shared.json"
+  check 110 probe-unshared python3 -m bench.memory_probe --gpu "$GPU_KIND" --layouts unshared \
+    --out "$OUT/probe-unshared.json"
 }
 
 train_checks() {
@@ -74,5 +86,6 @@ case "$stage" in
   probe) probe ;;
   random | real) train_checks "$stage" ;;
   lease) probe; train_checks random ;;
-  *) echo "usage: bench/device_check.sh lease|probe|random|real" >&2; exit 2 ;;
+  flex) flex ;;
+  *) echo "usage: bench/device_check.sh lease|probe|random|real|flex" >&2; exit 2 ;;
 esac

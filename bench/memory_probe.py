@@ -241,8 +241,10 @@ def probe_layout(model: Path, layout: str, args, batch, arch: Arch, device: torc
         lp()
     row["attention_per_layer_s"] = timer.seconds() / arch.layers
     if cuda:
+        row["free_after_step_gib"] = torch.cuda.mem_get_info()[0] / GIB  # PyTorch's cache still held
+        torch.cuda.empty_cache()  # what the trainer does before the engine wakes (VLLMEngine.wake_up)
         free, total = torch.cuda.mem_get_info()
-        row["free_after_step_gib"] = free / GIB
+        row["free_on_wake_gib"] = free / GIB
         row["engine_wants_gib"] = args.gpu_memory_utilization * total / GIB
         row["engine_fits_on_wake"] = free >= args.gpu_memory_utilization * total
     plan = planned(arch, args, layout, cuda)

@@ -40,13 +40,77 @@ def test_shared_prompt_block_mask_attends_like_the_dense_mask():
     assert mb.segments.tolist() == [[0, 0, 1, 2, 2, 2], [-1, 0, 1, -1, -1, -1]]
     dense = shared_prompt_dense_mask(mb.segments)
     assert torch.equal(dense, mb.attention_mask)
-    block = shared_prompt_block_mask(mb.segments, compile_mask=False)
+    block = shared_prompt_block_mask(mb.segments)
     assert block.shape == (2, 1, 6, 6)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(3))
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
     got = flex_attention(q, k, v, block_mask=block)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def _blocks(mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) (B, n, n) booleans of a BlockMask's key-block lists."""
+
+    def dense(num, index):
+        B, _, n = num.shape
+        out = torch.zeros(B, n, index.shape[-1], dtype=torch.bool)
+        for b in range(B):
+            for i in range(n):
+                out[b, i, index[b, 0, i, : num[b, 0, i]].long()] = True
+        return out
+
+    return dense(mask.kv_num_blocks, mask.kv_indices), dense(mask.full_kv_num_blocks, mask.full_kv_indices)
+
+
+def _random_units(g: torch.Generator, units: int, empty: bool) -> list[tuple[list[int], list[list[int]]]]:
+    out = []
+    for _ in range(units):
+        prompt = torch.randint(5, 100, (int(torch.randint(1, 300, (1,), generator=g)),), generator=g).tolist()
+        answers = []
+        for _ in range(int(torch.randint(1, 6, (1,), generator=g))):
+            n = int(torch.randint(0 if empty else 1, 400, (1,), generator=g))
+            answers.append(torch.randint(5, 100, (n,), generator=g).tolist())
+        out.append((prompt, answers))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_prompt_block_mask_classifies_blocks_as_the_mask_evaluated_densely(seed):
+    """The layout-derived block lists against torch's `create_block_mask`, which evaluates the mask on every
+    (query, key) pair: identical where no response is empty; with empty responses (a gap in the ids) only
+    extra partial blocks, never a missing or a wrongly full one. Shapes long enough for many 128-blocks,
+    ragged prompts (left padding) and ragged units (right padding)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    g = torch.Generator().manual_seed(seed)
+    empty = seed >= 3
+    prompts, responses, units = [], [], []
+    for prompt, answers in _random_units(g, int(torch.randint(1, 4, (1,), generator=g)), empty):
+        units.append(list(range(len(prompts), len(prompts) + len(answers))))
+        prompts += [prompt] * len(answers)
+        responses += answers
+    mb = collate_shared(prompts, responses, units, pad_id=0, dense_mask=False)
+    U, T = mb.segments.shape
+    ours = shared_prompt_block_mask(mb.segments)
+    dense = shared_prompt_dense_mask(mb.segments)[:, 0]
+    theirs = create_block_mask(lambda b, h, q, kv: dense[b, q, kv], U, None, T, T, device="cpu")
+    (p_ours, f_ours), (p_theirs, f_theirs) = _blocks(ours), _blocks(theirs)
+    assert ours.shape == (U, 1, T, T)
+    if not empty:
+        assert torch.equal(p_ours, p_theirs) and torch.equal(f_ours, f_theirs)
+    assert not (f_ours & ~f_theirs).any()  # nothing called full that is not
+    assert not ((p_theirs | f_theirs) & ~(p_ours | f_ours)).any()  # nothing dropped that is needed
+    g2 = torch.Generator().manual_seed(100 + seed)
+    q, k, v = (torch.randn(U, 2, T, 16, generator=g2, dtype=torch.float64) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense.unsqueeze(1))
+    torch.testing.assert_close(flex_attention_eager(q, k, v, ours), want, rtol=0, atol=1e-12)
+
+
+def flex_attention_eager(q, k, v, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=block_mask)
 
 
 def test_split_attention_hand_checked_maps():
@@ -123,15 +187,6 @@ def test_flex_attention_log_probs_equal_sdpa(tiny_model, dist_group, layout):
     lp_flex, ent_flex = flex.compute_log_probs(rows, responses, with_entropy=True)
     torch.testing.assert_close(lp_flex, lp_sdpa, rtol=0, atol=2e-5)
     torch.testing.assert_close(ent_flex, ent_sdpa, rtol=0, atol=2e-5)
-
-
-def test_only_shared_prompt_units_under_flex_attention_are_flagged_unproven():
-    from train.policy.attention import layout_warning
-
-    assert "pack_sequences=true" in layout_warning("flex_attention", share_prompts=True, pack_sequences=False)
-    assert layout_warning("flex_attention", share_prompts=True, pack_sequences=True) is None  # packed wins
-    assert layout_warning("flex_attention", share_prompts=False, pack_sequences=False) is None
-    assert layout_warning("sdpa", share_prompts=True, pack_sequences=False) is None  # the CPU path: proven
 
 
 def test_every_paper_preset_trains_packed_rows():

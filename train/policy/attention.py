@@ -9,7 +9,8 @@ are skipped, never computed or masked, and no (T x T) mask exists. Each layout g
   the prompt and itself, causally; padding sees itself).
 FlexAttention needs no extra package (the `gpu` extra's torch has it; flash-attn has no wheel there),
 handles the shared-prompt pattern that variable-length kernels cannot, and is what torchtitan trains
-with. Its block mask is built by a compiled kernel (`_compile=True`), so it never materialises T x T.
+with. Its block mask is classified block by block from the layout (`shared_prompt_block_mask`), so it never
+materialises T x T and compiles nothing.
 
 On the CPU, `auto` is SDPA: torch has no FlexAttention backward on the CPU ("FlexAttention does not
 support backward on CPU"), so a trainable CPU policy refuses `flex_attention` in one line; a frozen one
@@ -50,18 +51,6 @@ def pick_attention(requested: str, where: torch.device, trainable: bool = True, 
     return requested
 
 
-def layout_warning(attn_implementation: str, share_prompts: bool, pack_sequences: bool) -> str | None:
-    """A line for a layout that is unproven where it would run: shared-prompt units under FlexAttention (the
-    GPU default) did not finish their first micro-batch of a paper-scale batch on an H200 (Qwen3-4B-shaped, 32K
-    tokens, 130 s and 240 s tries, bench/memory_probe.py, 2026-11-26), while packed rows ran it (README, GPU)."""
-    if attn_implementation == "flex_attention" and share_prompts and not pack_sequences:
-        return (
-            "policy.share_prompts=true under flex_attention is unproven on a GPU at long lengths (its first 32K-token "
-            "micro-batch did not finish on an H200 in 130 s); policy.pack_sequences=true is the measured layout"
-        )
-    return None
-
-
 def shared_prompt_dense_mask(segments: torch.Tensor) -> torch.Tensor:
     """(U, 1, T, T) boolean mask of the shared-prompt layout for SDPA/eager (CPU): query i sees key j when
     j <= i, both are real tokens, and j is in the prompt (segment 0) or in i's own response; padding
@@ -75,11 +64,21 @@ def shared_prompt_dense_mask(segments: torch.Tensor) -> torch.Tensor:
     return mask.unsqueeze(1)
 
 
-def shared_prompt_block_mask(segments: torch.Tensor, compile_mask: bool = True):
-    """The same pattern as `shared_prompt_dense_mask` as a FlexAttention `BlockMask` on `segments`'
-    device: (U, 1, T/128, T/128) block indices instead of (U, 1, T, T) booleans. `compile_mask` builds it
-    block by block with a compiled kernel (as transformers and torchtitan do); without it torch evaluates the
-    mask densely first (fine for small tests)."""
+def shared_prompt_block_mask(segments: torch.Tensor, block: int = 128):
+    """The same pattern as `shared_prompt_dense_mask` as a FlexAttention `BlockMask` on `segments`' device:
+    (U, 1, T/128, T/128) block indices instead of (U, 1, T, T) booleans.
+
+    The blocks are classified from the layout, not by evaluating the mask: every unit's columns are left
+    padding, the prompt, responses 1, 2, ... in order, then right padding, so per-block summaries (is every
+    token real, is any a prompt token, the least and greatest response id) decide each (query, key) block
+    pair: empty (nothing to compute), full (no mask to apply) or partial (the kernel applies `mask_mod`).
+    A few small tensor ops and no compilation: `torch.compile(create_block_mask)` took 60 s for its first
+    (6, 4361) micro-batch inside the policy on an H100 and did not finish a (2, 11608) one in 100 s
+    (bench/flex_probe.py and bench/memory_probe.py, README GPU), the shared-prompt stall at paper lengths.
+    Where an id range over-approximates (an empty response leaves a gap) a block is kept as partial, never
+    dropped, so the kernel's per-token mask keeps the result exact."""
+    from torch.nn.attention.flex_attention import BlockMask
+
     U, T = segments.shape
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -87,10 +86,32 @@ def shared_prompt_block_mask(segments: torch.Tensor, compile_mask: bool = True):
         sees = (kv_idx <= q_idx) & (q_seg >= 0) & (kv_seg >= 0) & ((kv_seg == 0) | (kv_seg == q_seg))
         return sees | (q_idx == kv_idx)
 
-    from torch.nn.attention.flex_attention import create_block_mask
+    n = -(-T // block)
+    seg = torch.nn.functional.pad(segments, (0, n * block - T), value=-1).view(U, n, block)
+    response = seg > 0
+    has_response = response.any(-1)
+    low = torch.where(response, seg, torch.iinfo(seg.dtype).max).amin(-1)  # (U, n) least response id
+    high = torch.where(response, seg, -1).amax(-1)  # greatest (-1: none)
+    has_prompt, all_prompt = (seg == 0).any(-1), (seg == 0).all(-1)
+    any_real, all_real = (seg >= 0).any(-1), (seg >= 0).all(-1)
+    q, kv = (lambda x: x.unsqueeze(2)), (lambda x: x.unsqueeze(1))  # (U, n, 1) query, (U, 1, n) key blocks
+    below = torch.ones(n, n, dtype=torch.bool, device=seg.device).tril(-1)  # every key before every query
+    shared_ids = q(has_response) & kv(has_response) & (q(low) <= kv(high)) & (kv(low) <= q(high))
+    sees_some = below & q(any_real) & (kv(has_prompt) | shared_ids)
+    one_response = q(all_real) & q(has_response) & ~q(has_prompt) & (q(low) == q(high))
+    keys_in_it = kv(all_real) & (~kv(has_response) | ((kv(low) == q(low)) & (kv(high) == q(low))))
+    full = below & q(all_real) & (kv(all_prompt) | (one_response & keys_in_it))
+    diagonal = torch.eye(n, dtype=torch.bool, device=seg.device)  # each query sees itself: never empty
+    partial = (sees_some & ~full) | diagonal
 
-    build = _compiled_create_block_mask() if compile_mask else create_block_mask
-    return build(mask_mod, U, None, T, T, device=segments.device)
+    def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(U, 1, n) counts and (U, 1, n, n) indices, the kept key blocks first in ascending order."""
+        index = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True)
+        return blocks.sum(-1).to(torch.int32).unsqueeze(1), index.to(torch.int32).unsqueeze(1)
+
+    return BlockMask.from_kv_blocks(
+        *ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(T, T)
+    )
 
 
 @dataclass
@@ -235,12 +256,3 @@ def register_split_attention() -> str:
     AttentionInterface.register(SPLIT_SDPA, _split_attention_forward)
     AttentionMaskInterface.register(SPLIT_SDPA, sdpa_mask)
     return SPLIT_SDPA
-
-
-@functools.cache
-def _compiled_create_block_mask():
-    """`torch.compile(create_block_mask)` once per process: torch's advice in place of `_compile=True`,
-    and torchtitan's FlexAttention (`compiled_create_block_mask`)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return torch.compile(create_block_mask)

@@ -21,7 +21,6 @@ adapters alone (what an engine that takes adapters receives, train/rollout/weigh
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,7 +41,6 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from train.policy.attention import (
     ATTENTION,
     SPLIT_SDPA,
-    layout_warning,
     pick_attention,
     shared_prompt_block_mask,
     shared_prompt_split,
@@ -120,9 +118,6 @@ class Policy:
                 "policy.attn_implementation=flash_attention_2 cannot run the shared-prompt layout's 4-D mask:"
                 " set policy.pack_sequences=true (padding-free rows) or policy.share_prompts=false"
             )
-        unproven = layout_warning(self.attn_implementation, share_prompts, pack_sequences)
-        if unproven and trainable:
-            warnings.warn(unproven, stacklevel=2)
         # parameters on the meta device, sharded, then each rank reads its own rows (meta_init.py)
         self.lora = LoraSettings.of(lora)
         self.model_path = Path(model_path)
