@@ -6,7 +6,8 @@ A random model of the named shape (real vocabulary and tied embeddings, fewer la
 beside nothing else), bf16 with gradient checkpointing, one rank's batch of `--prompts` prompts of
 `--prompt-len` tokens x `--group` responses whose lengths are long-tailed up to `--max-response` (one row
 always reaches it). For each micro-batch layout (shared-prompt units, packed rows, plain padded rows) it runs
-`Policy.compute_log_probs` and `Policy.train_step` twice (cold: compilation included; warm: the figure) and
+`Policy.compute_log_probs` and `Policy.train_step` twice, interleaved as in training (cold: compilation
+included; warm, after an update, so AdamW's state is allocated: the figure) and
 records peak allocated and reserved memory beside `train.plan.memory`'s prediction for the same workload,
 time per micro-batch, attention time per layer against a causal flash-attention baseline over the same rows
 (one call per sequence, the least any layout can do without sharing the prompt), and the device memory free
@@ -223,13 +224,15 @@ def probe_layout(model: Path, layout: str, args, batch, arch: Arch, device: torc
     step = lambda: policy.train_step(prompts, responses, _loss, with_entropy=True)  # noqa: E731
     _, row["logprobs_cold_s"], _, _ = measure(lp, cuda)
     print(f"[{layout}] log-prob pass, cold: {row['logprobs_cold_s']:.1f}s", flush=True)
+    metrics, row["update_cold_s"], _, _ = measure(step, cuda)
+    print(f"[{layout}] update, cold: {row['update_cold_s']:.1f}s", flush=True)
+    # the warm log-prob pass after an update, as in training from step 2: AdamW's moments exist, the
+    # gradients were freed by the optimizer step
     _, row["logprobs_s"], row["logprobs_peak_gib"], row["logprobs_reserved_gib"] = measure(lp, cuda)
     print(
         f"[{layout}] log-prob pass: {row['logprobs_s']:.1f}s, peak {row['logprobs_peak_gib']:.1f} GiB",
         flush=True,
     )
-    metrics, row["update_cold_s"], _, _ = measure(step, cuda)
-    print(f"[{layout}] update, cold: {row['update_cold_s']:.1f}s", flush=True)
     metrics, row["update_s"], row["update_peak_gib"], row["update_reserved_gib"] = measure(step, cuda)
     print(f"[{layout}] update: {row['update_s']:.1f}s, peak {row['update_peak_gib']:.1f} GiB", flush=True)
     mbs = int(next(v for k, v in metrics.items() if k.endswith("/micro_batches")))

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from infra.process_exit import exit_now
+from tests.applied_grads import applied_grads
 from train.algorithms.advantages import compute_grpo_outcome_advantage
 from train.batch import Batch
 from train.policy.distributed import init_distributed
@@ -46,11 +47,8 @@ def main(model: str, out: str, mode: str) -> None:
     )
     part = batch.select(mine)
     loss_fn = make_actor_loss_fn(algo, part, scale_factor=width, world=world)
-    metrics = policy.train_step(part.prompt_ids, part.response_ids, loss_fn)
-    grads = {}
-    for name, param in policy.model.named_parameters():
-        grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
-        grads[name] = grad.detach().clone()
+    with applied_grads(policy) as grads:
+        metrics = policy.train_step(part.prompt_ids, part.response_ids, loss_fn)
     if rank == 0:
         torch.save({"grads": grads, "grad_norm": metrics["actor/grad_norm"]}, out)
     dist.barrier()

@@ -1,5 +1,6 @@
 import torch
 
+from tests.applied_grads import applied_grads
 from train.policy.batching import build_micro_batches, collate, plan_micro_batches
 
 
@@ -103,11 +104,11 @@ def test_shared_prompt_layout_gives_the_plain_layouts_log_probs_and_gradients(ti
     def loss_fn(mb, log_probs, entropy):
         return -(log_probs * weights[mb.rows, : log_probs.shape[1]] * mb.response_mask).sum(), {}
 
+    grads = []
     for policy in (plain, split, dense):
-        policy.train_step(rows, responses, loss_fn, with_entropy=False)
-    grads = [
-        {n: p.grad.full_tensor() for n, p in pol.model.named_parameters()} for pol in (plain, split, dense)
-    ]
+        with applied_grads(policy) as applied:
+            policy.train_step(rows, responses, loss_fn, with_entropy=False)
+        grads.append(applied)
     for name, grad in grads[0].items():
         scale = float(grad.abs().max())  # fp32 sums in another order: equal to ~1e-6 of the largest entry
         for other in grads[1:]:
@@ -147,9 +148,11 @@ def test_packed_layout_gives_the_plain_layouts_log_probs_and_gradients(tiny_mode
     def loss_fn(mb, log_probs, entropy):
         return -(log_probs * weights[mb.rows, : log_probs.shape[1]] * mb.response_mask).sum(), {}
 
+    grads = []
     for policy in (plain, packed):
-        policy.train_step(rows, responses, loss_fn, with_entropy=False)
-    grads = [{n: p.grad.full_tensor() for n, p in pol.model.named_parameters()} for pol in (plain, packed)]
+        with applied_grads(policy) as applied:
+            policy.train_step(rows, responses, loss_fn, with_entropy=False)
+        grads.append(applied)
     for name, grad in grads[0].items():
         scale = float(grad.abs().max())
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from data_prep.datasets import load_pairs
 from data_prep.preference import arithmetic_pairs, make_pair, read_pairs, write_pairs
 from data_prep.schema import DatasetError, extra_info_of
+from tests.applied_grads import applied_grads
 from train.algorithms.dpo import dpo_loss
 from train.config import ConfigError, merge_layers, override_layers
 from train.stages.dpo import (
@@ -106,11 +107,6 @@ def test_dpo_config_errors_name_the_key():
         stage.validate(merge_layers(OmegaConf.structured(stage.schema), override_layers(["beta=0"])))
 
 
-def _grad(param) -> torch.Tensor:
-    g = param.grad
-    return g.full_tensor() if hasattr(g, "full_tensor") else g
-
-
 @pytest.mark.slow
 def test_two_pass_gradient_equals_autograd_through_dpo_loss(tiny_model, dist_group):
     """Token-budget micro-batches split every pair; the two passes must still give dL/dtheta exactly."""
@@ -141,20 +137,16 @@ def test_two_pass_gradient_equals_autograd_through_dpo_loss(tiny_model, dist_gro
     torch.testing.assert_close(seq, torch.cat([pi_c, pi_r]).detach(), rtol=1e-5, atol=1e-3)
     w_c, w_r, two_pass_loss, _ = dpo_sequence_weights(seq[:4], seq[4:], ref_c, ref_r, beta, 4)
     assert two_pass_loss.item() == pytest.approx(loss.item(), rel=1e-5)
-    metrics = policy.train_step(
-        prompts * 2,
-        chosen + rejected,
-        make_weighted_logp_loss_fn(torch.cat([w_c, w_r]), 1),
-        with_entropy=False,
-    )
+    with applied_grads(policy) as grads:
+        metrics = policy.train_step(
+            prompts * 2,
+            chosen + rejected,
+            make_weighted_logp_loss_fn(torch.cat([w_c, w_r]), 1),
+            with_entropy=False,
+        )
     assert metrics["actor/micro_batches"] >= 3
-    for name, param in policy.model.named_parameters():
-        if name in (
-            "model.embed_tokens.weight",
-            "model.layers.1.self_attn.q_proj.weight",
-            "model.norm.weight",
-        ):
-            torch.testing.assert_close(_grad(param), expected[name].grad, rtol=1e-4, atol=1e-7)
+    for name in ("model.embed_tokens.weight", "model.layers.1.self_attn.q_proj.weight", "model.norm.weight"):
+        torch.testing.assert_close(grads[name], expected[name].grad, rtol=1e-4, atol=1e-7)
 
 
 @pytest.fixture()

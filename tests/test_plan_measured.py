@@ -55,3 +55,30 @@ def test_planned_log_prob_pass_and_update_cover_the_measured_peaks(tiny_model, d
             f"{what}: measured {measured / 2**20:.0f} MiB > planned {planned / 2**20:.0f} MiB"
         )
         assert ratio >= 0.6, f"{what}: planned {planned / 2**20:.0f} MiB is far above the measured"
+
+
+def test_an_optimizer_step_leaves_weights_and_adamw_state_only(tiny_model, dist_group):
+    """The gradients are freed once applied: what `train_step` leaves allocated is the AdamW moments (created
+    by the first step, 8 bytes a parameter) and nothing of the gradients' 4 bytes a parameter, which would
+    otherwise sit beside the engine's KV cache through the next rollout (the planner's peak_rollout and
+    peak_logprobs count 12 bytes a parameter, not 16)."""
+    from train.policy.fsdp import Policy
+    from train.policy.memory import LiveTensorBytes
+
+    policy = Policy(tiny_model, precision="bf16", pad_id=0, micro_batch_tokens=T, share_prompts=False)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, 4000, (4,), generator=g).tolist() for _ in range(4)]
+    responses = [torch.randint(10, 4000, (30,), generator=g).tolist() for _ in range(4)]
+    params = list(policy.trainable_parameters())
+    param_bytes = sum(p.numel() * 4 for p in params)  # fp32 shards (world size 1: the whole model)
+    for step in range(2):
+        with LiveTensorBytes() as live:
+            metrics = policy.train_step(prompts, responses, _loss, with_entropy=False)
+        assert metrics["actor/grad_norm"] > 0
+        assert all(p.grad is None for p in params)
+        left = live.current  # bytes allocated during the call and still alive after it
+        adamw = 2 * param_bytes if step == 0 else 0  # the moments appear at the first step, then are reused
+        assert left < adamw + param_bytes / 4, (
+            f"step {step}: {left / 2**20:.1f} MiB left allocated, AdamW {adamw / 2**20:.1f} MiB, "
+            f"gradients would add {param_bytes / 2**20:.1f} MiB"
+        )

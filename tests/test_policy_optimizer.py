@@ -3,6 +3,8 @@ with the same update as torch's reference AdamW."""
 
 import torch
 
+from tests.applied_grads import applied_grads
+
 
 def test_policy_step_is_fused_adamw_and_matches_the_reference(tiny_model, dist_group):
     from train.policy.fsdp import Policy
@@ -18,10 +20,11 @@ def test_policy_step_is_fused_adamw_and_matches_the_reference(tiny_model, dist_g
     def loss_fn(mb, log_probs, entropy):
         return -(log_probs * mb.response_mask).sum() / 20.0, {}
 
-    policy.train_step(prompts, responses, loss_fn, with_entropy=False)
+    with applied_grads(policy) as grads:
+        policy.train_step(prompts, responses, loss_fn, with_entropy=False)
     reference = {n: torch.nn.Parameter(t.clone()) for n, t in before.items()}
     for n, p in reference.items():
-        p.grad = params[n].grad.full_tensor().detach().clone()
+        p.grad = grads[n]
     torch.optim.AdamW(reference.values(), lr=1e-3, weight_decay=0.1, foreach=False).step()
     moved = 0
     for n, p in params.items():

@@ -15,6 +15,7 @@ from data_prep import arithmetic
 from data_prep.datasets import load_sft_rows
 from data_prep.schema import DatasetError, make_row, write_parquet
 from data_prep.sft_math import sft_rows, worked_solution
+from tests.applied_grads import applied_grads
 from train.config import ConfigError, merge_layers, override_layers
 from train.stages.sft import SFTStage, encode_examples, make_sft_loss_fn
 
@@ -117,11 +118,6 @@ def test_response_ids_are_the_assistant_turn_up_to_end_of_turn(examples):
     assert dropped == 6
 
 
-def _grad(param) -> torch.Tensor:
-    g = param.grad
-    return g.full_tensor() if hasattr(g, "full_tensor") else g
-
-
 @pytest.mark.slow
 def test_micro_batched_sft_gradient_equals_plain_response_only_loss(tiny_model, dist_group, examples):
     """FSDP policy, several token-budget micro-batches vs one plain HF model on unpadded sequences:
@@ -141,12 +137,12 @@ def test_micro_batched_sft_gradient_equals_plain_response_only_loss(tiny_model, 
     expected = dict(plain.named_parameters())
 
     policy = Policy(tiny_model, lr=1e-3, grad_clip=1e9, micro_batch_tokens=120)
-    metrics = policy.train_step(prompts, responses, make_sft_loss_fn(total, 1), with_entropy=False)
+    with applied_grads(policy) as grads:
+        metrics = policy.train_step(prompts, responses, make_sft_loss_fn(total, 1), with_entropy=False)
     assert metrics["actor/micro_batches"] >= 3
     assert metrics["sft/loss"] == pytest.approx((nll / total).item(), rel=1e-5)
-    for name, param in policy.model.named_parameters():
-        if name in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"):
-            torch.testing.assert_close(_grad(param), expected[name].grad, rtol=1e-4, atol=1e-6)
+    for name in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"):
+        torch.testing.assert_close(grads[name], expected[name].grad, rtol=1e-4, atol=1e-6)
 
 
 def _sft_cfg(model: Path, run_dir: Path, steps: int, *extra: str):

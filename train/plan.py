@@ -5,7 +5,8 @@ Per-GPU memory and step time of a training config, before a GPU is ever asked fo
 a config that cannot fit and names what to change. Formulas (bytes per GPU; P parameters, W ranks):
 
 - policy state, FSDP2 full sharding with fp32 master weights and AdamW: weights 4P/W + gradients 4P/W +
-  AdamW moments 8P/W = 16P/W (the "16 bytes per parameter" of mixed-precision Adam in ZeRO, Rajbhandari
+  AdamW moments 8P/W = 16P/W during the update (the gradients are freed after its optimizer step, so the
+  rollout and the log-prob passes hold 12P/W) (the "16 bytes per parameter" of mixed-precision Adam in ZeRO, Rajbhandari
   et al. 2020, sec. 3.1; tests/test_plan.py reproduces their Figure 1: 7.5 B parameters, 120 GB on one GPU,
   1.9 GB each over 64); `policy.cpu_offload` moves all of it to host memory.
 - unsharded layers during compute: two decoder layers at the compute dtype (the one running and the one
@@ -242,8 +243,14 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
         + out["attention_mask"]
     )
     out["peak_update"] = resident + out["update_growth"]
-    out["peak_logprobs"] = resident + out["logprob_pass"] if (w.old_logprob_pass or w.ref_pass) else 0.0
-    out["peak_rollout"] = state + out["ref_params_fp32"] + out["vllm_rollout"] + CONTEXT_GIB * GIB
+    # gradients live from the update's first backward to its optimizer step (Policy.train_step frees them),
+    # so the log-prob passes and the rollout hold the weights and AdamW state only
+    out["peak_logprobs"] = (
+        resident - out["grads_fp32"] + out["logprob_pass"] if (w.old_logprob_pass or w.ref_pass) else 0.0
+    )
+    out["peak_rollout"] = (
+        state - out["grads_fp32"] + out["ref_params_fp32"] + out["vllm_rollout"] + CONTEXT_GIB * GIB
+    )
     return {k: v / GIB for k, v in out.items()}
 
 
