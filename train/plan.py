@@ -5,10 +5,10 @@ Per-GPU memory and step time of a training config, before a GPU is ever asked fo
 a config that cannot fit and names what to change. Formulas (bytes per GPU; P parameters, W ranks):
 
 - policy state, FSDP2 full sharding with fp32 master weights and AdamW: weights 4P/W + gradients 4P/W +
-  AdamW moments 8P/W = 16P/W during the update (the gradients are freed after its optimizer step, so the
-  rollout and the log-prob passes hold 12P/W) (the "16 bytes per parameter" of mixed-precision Adam in ZeRO, Rajbhandari
-  et al. 2020, sec. 3.1; tests/test_plan.py reproduces their Figure 1: 7.5 B parameters, 120 GB on one GPU,
-  1.9 GB each over 64); `policy.cpu_offload` moves all of it to host memory.
+  AdamW moments 8P/W = 16P/W during the update (the "16 bytes per parameter" of mixed-precision Adam in ZeRO,
+  Rajbhandari et al. 2020, sec. 3.1; tests/test_plan.py reproduces their Figure 1: 7.5 B parameters, 120 GB
+  on one GPU, 1.9 GB each over 64); the gradients are freed after the optimizer step, so the rollout and the
+  log-prob passes hold 12P/W; `policy.cpu_offload` moves all of it to host memory.
 - unsharded layers during compute: two decoder layers at the compute dtype (the one running and the one
   FSDP2 prefetches).
 - activations of one micro-batch of T = policy.micro_batch_tokens tokens through a Llama/Qwen block,
