@@ -81,7 +81,7 @@ def test_shared_prompt_block_mask_classifies_blocks_as_the_mask_evaluated_densel
     (query, key) pair: identical where no response is empty; with empty responses (a gap in the ids) only
     extra partial blocks, never a missing or a wrongly full one. Shapes long enough for many 128-blocks,
     ragged prompts (left padding) and ragged units (right padding)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     g = torch.Generator().manual_seed(seed)
     empty = seed >= 3
@@ -104,13 +104,7 @@ def test_shared_prompt_block_mask_classifies_blocks_as_the_mask_evaluated_densel
     g2 = torch.Generator().manual_seed(100 + seed)
     q, k, v = (torch.randn(U, 2, T, 16, generator=g2, dtype=torch.float64) for _ in range(3))
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense.unsqueeze(1))
-    torch.testing.assert_close(flex_attention_eager(q, k, v, ours), want, rtol=0, atol=1e-12)
-
-
-def flex_attention_eager(q, k, v, block_mask):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return flex_attention(q, k, v, block_mask=block_mask)
+    torch.testing.assert_close(flex_attention(q, k, v, block_mask=ours), want, rtol=0, atol=1e-12)
 
 
 def test_split_attention_hand_checked_maps():
