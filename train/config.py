@@ -183,6 +183,7 @@ class PolicyConfig:
     fp32_matmul: str = checked(
         "auto", choices=("auto", "onednn", "torch")
     )  # CPU, fp32: which kernel multiplies matrices: torch's BLAS (MKL on x86) or oneDNN; auto = oneDNN where measured >= 1.2x faster
+    torch_compile: bool = True  # compile the log-prob/entropy maths over the vocabulary (fused loops; as verl's actor.use_torch_compile)
     cpu_offload: bool = False  # GPU: keep parameter shards, gradients and optimizer step on the CPU
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: train LoRA adapters only (PEFT)
 

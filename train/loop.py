@@ -279,6 +279,7 @@ class TrainingLoop:
             cpu_offload=pol.cpu_offload,
             lora=pol.lora,
             fp32_matmul=pol.fp32_matmul,
+            torch_compile=pol.torch_compile,
             warmup_steps=opt.warmup_steps,
             lr_schedule=opt.schedule,
             total_steps=cfg.total_steps,

@@ -61,7 +61,14 @@ from train.policy.lora import (
 )
 from train.policy.lora import wrap as lora_wrap
 from train.policy.meta_init import build_on_meta, fresh_parameters, materialize, weight_files
-from train.policy.packed_logprobs import kept_entropy, kept_log_probs, kept_log_probs_and_entropy
+from train.policy.packed_logprobs import (
+    RowKernels,
+    kept_entropy,
+    kept_log_probs,
+    kept_log_probs_and_entropy,
+    row_kernels,
+    warm_up,
+)
 from train.policy.precision import PRECISIONS, resolve_precision
 
 # loss_fn(micro_batch, log_probs (b, R), entropy (b, R) | None) -> (loss scalar, metrics)
@@ -92,6 +99,7 @@ class Policy:
         cpu_offload: bool = False,
         lora: LoraSettings | dict | None = None,
         fp32_matmul: str = "auto",
+        torch_compile: bool = True,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
@@ -130,6 +138,12 @@ class Policy:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         self.config = model.config
+        self.torch_compile = torch_compile
+        self.vocab_kernels = vocab_kernels(
+            torch_compile,
+            model.config.vocab_size,
+            torch.bfloat16 if self.precision == "bf16" else torch.float32,
+        )
         adapter_init: dict[str, torch.Tensor] = {}
         if self.lora.enabled:  # PEFT adapters on the meta model; the base frozen (in bf16 under bf16)
             model = lora_wrap(model, self.lora)
@@ -184,6 +198,7 @@ class Policy:
             "pack_sequences": self.pack_sequences,
             "attn_implementation": self.attn_requested,
             "pad_id": self.pad_id,
+            "torch_compile": self.torch_compile,
         }
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -223,10 +238,11 @@ class Policy:
         index = mb.kept_index(logits.shape[1])
         if with_entropy and not (entropy_grad and torch.is_grad_enabled()):
             # the entropy metric (reported every step, not in the loss): from the log-probs' own pass
-            return kept_log_probs_and_entropy(logits, index, mb.response_ids)
-        log_probs = kept_log_probs(logits, index, mb.response_ids)
-        entropy = kept_entropy(logits, index, with_grad=True) if with_entropy else None  # in the loss
-        return log_probs, entropy
+            return kept_log_probs_and_entropy(logits, index, mb.response_ids, kernels=self.vocab_kernels)
+        log_probs = kept_log_probs(logits, index, mb.response_ids, kernels=self.vocab_kernels)
+        if with_entropy:  # in the loss
+            return log_probs, kept_entropy(logits, index, with_grad=True, kernels=self.vocab_kernels)
+        return log_probs, None
 
     @property
     def layout(self) -> str:
@@ -409,6 +425,25 @@ class FrozenBase:
     def compute_log_probs(self, prompt_ids, response_ids, with_entropy: bool = False):
         with self.policy.model.disable_adapter():
             return self.policy.compute_log_probs(prompt_ids, response_ids, with_entropy)
+
+
+def vocab_kernels(compiled: bool, vocab: int, dtype: torch.dtype) -> RowKernels:
+    """The log-prob and entropy kernels over the vocabulary (packed_logprobs.py), compiled when `compiled`
+    (policy.torch_compile); compiled at start-up on a small chunk, so a toolchain that cannot compile fails here
+    in one line, before any rollout."""
+    kernels = row_kernels(compiled)
+    try:
+        warm_up(kernels, vocab, dtype, device())
+    except Exception as err:
+        if not compiled:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise RuntimeError(
+            f"policy.torch_compile=true: torch.compile of the log-prob kernels failed ({type(err).__name__}:"
+            f" {first[:200]}); install what it names (a C++ compiler on CPU, Triton on GPU) or set"
+            " policy.torch_compile=false"
+        ) from None
+    return kernels
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
