@@ -429,14 +429,14 @@ class FrozenBase:
 
 def vocab_kernels(compiled: bool, vocab: int, dtype: torch.dtype) -> RowKernels:
     """The log-prob and entropy kernels over the vocabulary (packed_logprobs.py), compiled when `compiled`
-    (policy.torch_compile); compiled at start-up on a small chunk, so a toolchain that cannot compile fails here
-    in one line, before any rollout."""
+    (policy.torch_compile): then compiled at start-up on a small chunk, so a toolchain that cannot compile fails
+    here in one line, before any rollout."""
     kernels = row_kernels(compiled)
+    if not compiled:
+        return kernels
     try:
         warm_up(kernels, vocab, dtype, device())
     except Exception as err:
-        if not compiled:
-            raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise RuntimeError(
             f"policy.torch_compile=true: torch.compile of the log-prob kernels failed ({type(err).__name__}:"
