@@ -17,7 +17,7 @@ REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-profile bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
+.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-profile bench-kernels bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -104,6 +104,9 @@ bench-train: setup $(BENCH_STAMP)
 
 bench-profile: setup  ## torch profiler over one bf16 GRPO step: time per phase and operator, matmul share, faults
 	$(PY) -m bench.profile_step $(OVERRIDES)
+
+bench-kernels: setup  ## the log-prob kernels eager vs compiled on this device: error against fp64, time, a micro-batch
+	$(PY) -m bench.logprob_kernels $(OVERRIDES)
 
 leaderboard: setup  ## tables from MLflow under reports/ (EXP= to restrict; PER=checkpoint: a row per checkpoint; BY=arm: a row per arm)
 	$(PY) -m analysis.leaderboard $(if $(filter command line,$(origin EXP)),--experiment $(EXP)) $(if $(PER),--per $(PER)) $(if $(BY),--by $(BY)) $(if $(SWEEP),--sweep $(SWEEP)) --out reports

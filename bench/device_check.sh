@@ -5,7 +5,11 @@
 #   bench/device_check.sh probe    # bench/memory_probe.py at the paper preset's shapes (Qwen3-4B-shaped, 6 layers)
 #   bench/device_check.sh random   # a random-init SmolLM2-135M (real config): 2 GRPO steps with the HF engine
 #                                  # (MFU, peak vs the planner), 1 step with policy.cpu_offload=true, DCP round trip
-#   bench/device_check.sh real     # the same on the embedded GGUF joined from two pieces (/root/gguf.a + gguf.b)
+#   bench/device_check.sh real     # the same on the embedded GGUF joined from two pieces (/root/gguf.a + gguf.b:
+#                                  # two calls on one warm machine, bench/devcarry.sh says how)
+#   bench/device_check.sh kernels  # bench/logprob_kernels.py (eager vs compiled log-prob kernels: error, time, a
+#                                  # paper micro-batch), the shared-layout probe with compiled then eager kernels,
+#                                  # then stage `random`'s two default GRPO steps
 #   bench/device_check.sh flex     # bench/flex_probe.py (FlexAttention alone, stage by stage), then the memory
 #                                  # probe's shared layout at 2K and paper lengths and its unshared layout
 # Python packages the image lacks (hydra, omegaconf, antlr4: pure Python) travel as a site folder, $CARRY/site,
@@ -73,6 +77,7 @@ print(convert_gguf(Path('/root/SmolLM2-135M-Instruct.Q4_1.gguf'), Path('$model')
   local kind="--gpu ${GPU_KIND:-h100}"
   check "${STEP_S:-120}" "$stage-default" python3 -m bench.gpu_check --model "$model" $kind --steps 2 \
     --out "$OUT/$stage-default.json"
+  [ -n "${DEFAULT_ONLY:-}" ] && return
   check "${STEP_S:-120}" "$stage-offload" python3 -m bench.gpu_check --model "$model" $kind --steps 1 \
     --out "$OUT/$stage-offload.json" policy.cpu_offload=true
   if [ "$stage" = real ]; then
@@ -82,10 +87,20 @@ print(convert_gguf(Path('/root/SmolLM2-135M-Instruct.Q4_1.gguf'), Path('$model')
   check "${DCP_S:-90}" "$stage-dcp" python3 -m bench.dcp_check "$model"
 }
 
+kernels() {  # policy.torch_compile on this device: the kernels alone, then the policy at paper shapes, A/B
+  check "${KERNELS_S:-150}" logprob-kernels python3 -m bench.logprob_kernels --out "$OUT/logprob-kernels.json"
+  for compiled in true false; do
+    check "${PROBE_S:-130}" "probe-shared-compiled-$compiled" python3 -m bench.memory_probe --gpu "$GPU_KIND" \
+      --layouts shared --torch-compile "$compiled" --out "$OUT/probe-shared-compiled-$compiled.json"
+  done
+  DEFAULT_ONLY=1 train_checks random
+}
+
 case "$stage" in
   probe) probe ;;
   random | real) train_checks "$stage" ;;
   lease) probe; train_checks random ;;
   flex) flex ;;
-  *) echo "usage: bench/device_check.sh lease|probe|random|real|flex" >&2; exit 2 ;;
+  kernels) kernels ;;
+  *) echo "usage: bench/device_check.sh lease|probe|random|real|flex|kernels" >&2; exit 2 ;;
 esac

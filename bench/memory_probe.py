@@ -214,6 +214,7 @@ def probe_layout(model: Path, layout: str, args, batch, arch: Arch, device: torc
     policy = Policy(
         model, precision="bf16" if cuda else "fp32", lr=1e-6, gradient_checkpointing=True,
         micro_batch_tokens=args.micro_batch_tokens, share_prompts=share, pack_sequences=pack, pad_id=0,
+        torch_compile=args.torch_compile == "true",
     )  # fmt: skip
     row: dict = {"layout": layout, "attention": policy.attn_implementation}
     if cuda:
@@ -271,6 +272,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--layouts", default="shared,packed,unshared")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--gpu", default="h100", choices=sorted(GPUS), help="the planner's GPU kind")
+    p.add_argument(
+        "--torch-compile",
+        default="true",
+        choices=["true", "false"],
+        help="policy.torch_compile: the log-prob kernels",
+    )
     p.add_argument("--out")
     args = p.parse_args(argv)
     layouts = args.layouts.split(",")
@@ -298,6 +305,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "torch": torch.__version__, "shape": args.shape, "layers": args.layers,
         "params": arch.params(), "rows": len(responses), "response_tokens": sum(lengths),
         "max_response": max(lengths), "micro_batch_tokens": args.micro_batch_tokens,
+        "torch_compile": args.torch_compile,
     }  # fmt: skip
     print(json.dumps(header), flush=True)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import dcp_check, gpu_check
+from bench import dcp_check, gpu_check, logprob_kernels
 
 pytestmark = pytest.mark.slow
 
@@ -37,3 +37,22 @@ def test_dcp_check_round_trip_is_exact(tiny_model, dist_group):
     r = dcp_check.check(str(tiny_model))
     assert r["resumed_identical"] and r["adamw_identical"] and r["export_equals_bf16"], r
     assert dcp_check.main(str(tiny_model)) == 0
+
+
+def test_logprob_kernels_bench_checks_both_kernel_sets_against_fp64(tmp_path):
+    """bench/logprob_kernels.py (run on lent GPUs) on the CPU at small sizes: every kernel of both sets has an
+    error against fp64 at its dtype's rounding and a time, and the micro-batch compares compiled with eager."""
+    out = tmp_path / "k.json"
+    result = logprob_kernels.main(
+        ["--vocab", "1000", "--positions", "64", "--reps", "1", "--dtypes", "bf16,fp32", "--out", str(out)]
+    )
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert [(r["kernels"], r["dtype"]) for r in result["kernels"]] == [
+        ("eager", "bfloat16"), ("compiled", "bfloat16"), ("eager", "float32"), ("compiled", "float32"),
+    ]  # fmt: skip
+    for row in result["kernels"]:
+        bound = 1e-2 if row["dtype"] == "bfloat16" else 1e-5  # bf16 outputs carry one bf16 rounding (2^-9)
+        assert all(0 <= err < bound for err in row["rel_err"].values()), row
+        assert all(ms > 0 for ms in row["ms"].values())
+    compiled = [r for r in result["micro_batch"] if r["kernels"] == "compiled"]
+    assert len(compiled) == 2 and all(r["vs_eager"]["grad_rel"] < 1e-2 for r in compiled)

@@ -16,6 +16,7 @@ from train.policy.logprobs import entropy_from_logits, entropy_from_logits_chunk
 from train.policy.memory import LiveTensorBytes, peak_tensor_bytes
 from train.policy.packed_logprobs import (
     CHUNK_ELEMENTS,
+    chunk_slices,
     kept_entropy,
     kept_log_probs,
     kept_log_probs_and_entropy,
@@ -194,7 +195,7 @@ def test_row_kernels_match_fp64_on_a_real_vocabulary(compiled):
 
 def test_vocab_peak_formula_counts_logits_gradient_and_chunks():
     V = 49_152
-    rows = CHUNK_ELEMENTS // V
+    rows = CHUNK_ELEMENTS // V + 1  # a one-row tail joins the last chunk
     assert vocab_peak_bytes(1000, V, 2, backward=False) == 1000 * V * 2 + 4 * rows * V * 4
     assert vocab_peak_bytes(1000, V, 2, backward=True) == 2 * 1000 * V * 2 + 4 * rows * V * 4
     assert (
@@ -313,3 +314,40 @@ def test_a_machine_that_cannot_compile_fails_at_start_in_one_line(tmp_path):
     assert len(err_lines) == 1, out.stdout + out.stderr[-2000:]
     assert "policy.torch_compile=false" in err_lines[0] and "\n" not in err_lines[0]
     assert "eager ok True" in out.stdout
+
+
+def test_chunks_never_end_in_a_single_row():
+    assert chunk_slices(7, 3) == [slice(0, 3), slice(3, 7)]
+    assert chunk_slices(8, 3) == [slice(0, 3), slice(3, 6), slice(6, 8)]
+    assert chunk_slices(6, 3) == [slice(0, 3), slice(3, 6)]
+    assert chunk_slices(1, 3) == [slice(0, 1)]
+    assert chunk_slices(4, 1) == [slice(0, 1), slice(1, 2), slice(2, 3), slice(3, 4)]
+
+
+def test_compiled_kernels_compile_once_at_start_up():
+    """After the policy's start-up warm-up, the log-prob pass (no grad) and an update (forward with grad, the
+    backward, the entropy in the loss) over chunks of several sizes, a one-row tail and two vocabularies
+    compile nothing more: on an H100 a warm-up run with grad on recompiled every kernel in the first update
+    (grad mode and requires_grad are guarded). A fresh process, so no other test's compiled graphs are cached."""
+    import subprocess
+    import sys
+
+    code = """
+import torch, torch._dynamo
+from train.policy.fsdp import vocab_kernels
+from train.policy.packed_logprobs import kept_entropy, kept_log_probs_and_entropy
+k = vocab_kernels(True, 1000, torch.bfloat16)
+torch._dynamo.config.error_on_recompile = True
+for n, vocab in ((50, 1000), (7, 3000)):
+    z = torch.randn(n, vocab).bfloat16().requires_grad_(True)
+    idx = torch.arange(n).repeat(2)
+    lab = torch.randint(0, vocab, idx.shape)
+    with torch.no_grad():
+        kept_log_probs_and_entropy(z, idx, lab, chunk_size=3, kernels=k)
+    lp, h = kept_log_probs_and_entropy(z, idx, lab, chunk_size=3, kernels=k)
+    (lp.sum() + kept_entropy(z, idx, True, chunk_size=3, kernels=k).sum()).backward()
+    assert torch.isfinite(z.grad.float()).all()
+print("compiled once")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "compiled once" in out.stdout, out.stderr[-3000:]

@@ -32,6 +32,16 @@ def chunk_rows(vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(vocab, 1))
 
 
+def chunk_slices(n_rows: int, chunk_size: int) -> list[slice]:
+    """Row ranges of at most `chunk_size` rows, except that a last range of one row joins the one before: a
+    compiled kernel is specialised on a size of 1 (torch's 0/1 specialisation), so a one-row chunk would
+    compile it a second time mid-update."""
+    starts = list(range(0, n_rows, chunk_size))
+    if len(starts) > 1 and chunk_size > 1 and n_rows - starts[-1] == 1:
+        starts.pop()
+    return [slice(a, b) for a, b in zip(starts, [*starts[1:], n_rows], strict=True)]
+
+
 # ---- row kernels: each reads a chunk of vocabulary rows once (one fused loop under torch.compile) ------
 # Eager, each holds at most two fp32 chunk temporaries (`vocab_peak_bytes` counts four) and never writes to
 # the saved logits (fp32 logits are their own `.float()`: the backward kernels work on a copy). Sums over the
@@ -93,15 +103,21 @@ class RowKernels(NamedTuple):
 EAGER = RowKernels(_row_lse, _row_lse_entropy, _row_logprob_grad, _row_entropy_grad)
 
 
+def _row_lse_fp64(chunk: torch.Tensor) -> torch.Tensor:
+    """`_row_lse` summing in fp64: the compiled variant. Its own function, not a functools.partial: dynamo keys
+    every compiled partial on one shared wrapper, so two partials count as recompiles of one function."""
+    return _row_lse(chunk, torch.float64)
+
+
+def _row_lse_entropy_fp64(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_row_lse_entropy` summing in fp64: the compiled variant (see `_row_lse_fp64`)."""
+    return _row_lse_entropy(chunk, torch.float64)
+
+
 @functools.cache
 def _compiled() -> RowKernels:
-    sums = (
-        functools.partial(_row_lse, acc=torch.float64),
-        functools.partial(_row_lse_entropy, acc=torch.float64),
-    )
-    return RowKernels(
-        *(torch.compile(f, dynamic=True) for f in (*sums, _row_logprob_grad, _row_entropy_grad))
-    )
+    kernels = (_row_lse_fp64, _row_lse_entropy_fp64, _row_logprob_grad, _row_entropy_grad)
+    return RowKernels(*(torch.compile(f, dynamic=True) for f in kernels))
 
 
 def row_kernels(compiled: bool) -> RowKernels:
@@ -114,9 +130,13 @@ def row_kernels(compiled: bool) -> RowKernels:
     return _compiled() if compiled else EAGER
 
 
+@torch.no_grad()
 def warm_up(kernels: RowKernels, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
     """Run each kernel once on a small chunk, so compilation (and a missing compiler) happens at start-up,
-    before any rollout, not inside the first update."""
+    before any rollout, not inside the first update. Under no_grad, as every real call runs (the log-prob pass,
+    and autograd Functions' forward and backward): grad mode is part of what a compiled graph is guarded on, so
+    a warm-up with grad on compiled each kernel a second time in the first update (seen on an H100 with
+    TORCH_LOGS=recompiles; tests/test_memory_bound.py runs a whole update with recompiles made errors)."""
     chunk = torch.randn(3, vocab, device=device).to(dtype)
     lse, entropy = kernels.lse_entropy(chunk)
     kernels.lse(chunk)
@@ -139,7 +159,8 @@ class _KeptLogProb(torch.autograd.Function):
         with_entropy: bool,
         kernels: RowKernels,
     ):
-        chunks = logits.split(chunk_size, dim=0)
+        flat = logits.detach()  # the kernels' inputs never require grad (a compiled graph is guarded on it)
+        chunks = [flat[sl] for sl in chunk_slices(flat.shape[0], chunk_size)]
         if with_entropy:
             pairs = [kernels.lse_entropy(c) for c in chunks]
             lse = torch.cat([lse for lse, _ in pairs])
@@ -156,17 +177,13 @@ class _KeptLogProb(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor, _grad_entropy: torch.Tensor):
-        logits, index, labels, lse = ctx.saved_tensors
+        logits, index, labels, lse = (t.detach() for t in ctx.saved_tensors)
         g = grad_out.float()
         g_position = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
         g_position.index_add_(0, index, g)  # d loss / d lse of each position: its tokens' grads summed
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        n = ctx.chunk_size
-        for start in range(0, logits.shape[0], n):
-            end = min(start + n, logits.shape[0])
-            ctx.kernels.logprob_grad(
-                logits[start:end], lse[start:end], g_position[start:end], grad[start:end]
-            )
+        for sl in chunk_slices(logits.shape[0], ctx.chunk_size):
+            ctx.kernels.logprob_grad(logits[sl], lse[sl], g_position[sl], grad[sl])
         # the label entries: -p g_position + (their tokens' g) summed in fp32 and rounded once (a bf16 -p g plus
         # g would lose 1 - p where p is near 1); several tokens may share a (position, label)
         vocab = logits.shape[1]
@@ -227,7 +244,7 @@ def _entropy_rows(
     flat: torch.Tensor, chunk_size: int, kernels: RowKernels
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(entropy, logsumexp) per position, a chunk at a time."""
-    pairs = [kernels.lse_entropy(c) for c in flat.split(chunk_size, dim=0)]
+    pairs = [kernels.lse_entropy(flat[sl]) for sl in chunk_slices(flat.shape[0], chunk_size)]
     return torch.cat([h for _, h in pairs]), torch.cat([lse for lse, _ in pairs])
 
 
@@ -239,7 +256,7 @@ class _ChunkedEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, chunk_size: int, kernels: RowKernels) -> torch.Tensor:
-        entropy, lse = _entropy_rows(logits, chunk_size, kernels)
+        entropy, lse = _entropy_rows(logits.detach(), chunk_size, kernels)
         ctx.save_for_backward(logits, lse, entropy)
         ctx.chunk_size, ctx.kernels = chunk_size, kernels
         return entropy
@@ -247,11 +264,11 @@ class _ChunkedEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        logits, lse, entropy = ctx.saved_tensors
+        logits, lse, entropy = (
+            t.detach() for t in ctx.saved_tensors
+        )  # the kernels' inputs never require grad
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        n = ctx.chunk_size
-        for start in range(0, logits.shape[0], n):
-            sl = slice(start, start + n)
+        for sl in chunk_slices(logits.shape[0], ctx.chunk_size):
             ctx.kernels.entropy_grad(logits[sl], lse[sl], entropy[sl], grad_out[sl].float(), grad[sl])
         return grad, None, None
 
@@ -291,6 +308,6 @@ def vocab_peak_bytes(
     never depends on how the rows' lengths are spread. For the planner and the tests.
     """
     logits = kept_positions * vocab * logit_bytes
-    chunk = chunk_rows(vocab) * vocab * 4
+    chunk = (chunk_rows(vocab) + 1) * vocab * 4  # + 1: a one-row tail joins the last chunk (chunk_slices)
     copies = 1 + (1 + entropy_grad if backward else 0)
     return copies * logits + 4 * chunk
