@@ -88,7 +88,8 @@ print(convert_gguf(Path('/root/SmolLM2-135M-Instruct.Q4_1.gguf'), Path('$model')
 }
 
 kernels() {  # policy.torch_compile on this device: the kernels alone, then the policy at paper shapes, A/B
-  check "${KERNELS_S:-150}" logprob-kernels python3 -m bench.logprob_kernels --out "$OUT/logprob-kernels.json"
+  check "${KERNELS_S:-150}" logprob-kernels python3 -m bench.logprob_kernels --chunk-scales 1,8 \
+    --out "$OUT/logprob-kernels.json"
   for compiled in true false; do
     check "${PROBE_S:-130}" "probe-shared-compiled-$compiled" python3 -m bench.memory_probe --gpu "$GPU_KIND" \
       --layouts shared --torch-compile "$compiled" --out "$OUT/probe-shared-compiled-$compiled.json"

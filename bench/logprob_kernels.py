@@ -1,7 +1,8 @@
 """The log-prob kernels over the vocabulary (train/policy/packed_logprobs.py), eager against compiled, on this
 machine's device: accuracy against fp64 and time, kernel by kernel and for a whole micro-batch.
 
-    python -m bench.logprob_kernels [--vocab 151936] [--positions 32768] [--dtypes bf16,fp32] [--out FILE]
+    python -m bench.logprob_kernels [--vocab 151936] [--positions 32768] [--dtypes bf16,fp32] [--chunk-scales 1,8]
+                                    [--out FILE]              (make bench-kernels OVERRIDES="...")
 
 Kernels: each of the four row kernels on one chunk (`chunk_rows(vocab)` positions, as the policy runs them),
 from fresh random logits (scale 3, one -inf entry) for every check, outputs poisoned with NaN first so an
@@ -115,9 +116,16 @@ def kernel_rows(vocab: int, dtype: torch.dtype, device: torch.device, reps: int)
 
 
 def micro_batch(
-    positions: int, vocab: int, dtype: torch.dtype, device: torch.device, reps: int
+    positions: int,
+    vocab: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    reps: int,
+    scales: tuple[int, ...] = (1,),
 ) -> list[dict]:
-    """`kept_log_probs_and_entropy` forward + backward on a whole micro-batch, eager against compiled."""
+    """`kept_log_probs_and_entropy` forward + backward on a whole micro-batch, eager against compiled; the
+    compiled kernels also at `scales` x the policy's chunk (they hold no fp32 chunk temporaries, so on a GPU a
+    larger chunk costs no memory and fewer launches: what a next lease should measure)."""
     z = random_logits(positions, vocab, dtype, device, seed=7)
     gen = torch.Generator(device=device).manual_seed(8)
     index = torch.arange(positions, device=device)
@@ -125,12 +133,15 @@ def micro_batch(
     labels = torch.randint(0, vocab, index.shape, generator=gen, device=device)
     weights = torch.randn(index.shape, generator=gen, device=device)
     results, rows = {}, []
-    for name, kernels in (("eager", row_kernels(False)), ("compiled", row_kernels(True))):
+    chunk = chunk_rows(vocab)
+    runs = [("eager", row_kernels(False), chunk), ("compiled", row_kernels(True), chunk)]
+    runs += [(f"compiled x{s}", row_kernels(True), chunk * s) for s in scales if s != 1]
+    for name, kernels, chunk_size in runs:
         leaf = z.detach().requires_grad_(True)
 
-        def step(leaf=leaf, kernels=kernels):
+        def step(leaf=leaf, kernels=kernels, chunk_size=chunk_size):
             leaf.grad = None
-            lp, entropy = kept_log_probs_and_entropy(leaf, index, labels, kernels=kernels)
+            lp, entropy = kept_log_probs_and_entropy(leaf, index, labels, chunk_size, kernels=kernels)
             (lp * weights).sum().backward()
             return lp, entropy
 
@@ -144,17 +155,19 @@ def micro_batch(
         peak = (torch.cuda.max_memory_allocated() - base) / GIB if device.type == "cuda" else None
         results[name] = (lp.detach(), entropy, leaf.grad[::16].clone())  # every 16th row: no second full copy
         rows.append({
-            "kernels": name, "dtype": str(dtype).removeprefix("torch."), "positions": positions,
+            "kernels": name, "chunk_rows": chunk_size, "dtype": str(dtype).removeprefix("torch."), "positions": positions,
             "tokens": int(index.numel()), "vocab": vocab, "fwd_bwd_ms": median_s(step, device, reps) * 1e3,
             "peak_above_logits_gib": peak,
         })  # fmt: skip
         leaf.grad = None
-    (lp_e, h_e, g_e), (lp_c, h_c, g_c) = results["eager"], results["compiled"]
-    rows[1]["vs_eager"] = {
-        "log_probs_max_abs": (lp_c - lp_e).abs().max().item(),
-        "entropy_max_abs": (h_c - h_e).abs().max().item(),
-        "grad_rel": rel_err(g_c.float(), g_e.double()),
-    }
+    lp_e, h_e, g_e = results["eager"]
+    for row in rows[1:]:
+        lp_c, h_c, g_c = results[row["kernels"]]
+        row["vs_eager"] = {
+            "log_probs_max_abs": (lp_c - lp_e).abs().max().item(),
+            "entropy_max_abs": (h_c - h_e).abs().max().item(),
+            "grad_rel": rel_err(g_c.float(), g_e.double()),
+        }
     return rows
 
 
@@ -163,6 +176,9 @@ p.add_argument("--vocab", default="49152,151936", help="comma list: SmolLM2's an
 p.add_argument("--positions", type=int, default=32768, help="kept positions of the micro-batch (0: skip)")
 p.add_argument("--dtypes", default="bf16,fp32")
 p.add_argument("--reps", type=int, default=10)
+p.add_argument(
+    "--chunk-scales", default="1", help="comma list: the compiled micro-batch also at these x the chunk"
+)
 p.add_argument("--out")
 
 
@@ -175,6 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
     }  # fmt: skip
     print(json.dumps(header), flush=True)
     vocabs = [int(v) for v in args.vocab.split(",")]
+    scales = tuple(int(s) for s in args.chunk_scales.split(","))
     result: dict = {"header": header, "kernels": [], "micro_batch": []}
     for dtype in (DTYPES[d] for d in args.dtypes.split(",")):
         for vocab in vocabs:
@@ -182,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
                 result["kernels"].append(row)
                 print(json.dumps(row), flush=True)
         if args.positions:
-            for row in micro_batch(args.positions, vocabs[-1], dtype, device, max(3, args.reps // 3)):
+            for row in micro_batch(args.positions, vocabs[-1], dtype, device, max(3, args.reps // 3), scales):
                 result["micro_batch"].append(row)
                 print(json.dumps(row), flush=True)
         if args.out:
