@@ -5,8 +5,9 @@
 Runs on a GPU or the CPU (whatever torch sees), without MLflow. Per step it prints and stores the loss,
 reward, grad norm, the update's time, its FLOPs (bench/train_step.py's count for the tokens actually trained,
 shared prompts included) and MFU against the device's dense peak (GPU datasheet; on CPU the measured
-matmul rate of the chosen precision), and the peak GPU memory allocated during the update beside the
-planner's prediction for the same config (train/plan.py, same prompt/response lengths as measured).
+matmul rate of the chosen precision), the peak GPU memory allocated during the update beside the
+planner's prediction for the same config (train/plan.py, same prompt/response lengths as measured), and the
+frames torch.compile compiled during the step (0 once warm: the log-prob kernels compile at start-up).
 
 What it depends on (kept stable on purpose, so the check cannot rot unseen; tests/test_bench_checks.py
 runs it on the CPU): `GRPOTrainer(cfg)`, `.step(step)` -> metrics, `.policy`, `.model_path`, `.close()`;
@@ -67,6 +68,14 @@ class UpdateMeter:
         self.figures["trained_tokens"] += sum(map(len, prompt_ids)) + sum(map(len, response_ids))
         self.figures["prompt_len_mean"] = sum(work.prompt_lens) / max(len(work.prompt_lens), 1)
         return out
+
+
+def compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far: a step that compiles (a recompile for a new
+    shape, grad mode or dtype) shows as a non-zero difference, and its time as compilation, not work."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
 
 
 def rows_work(prompt_ids: list[list[int]], response_ids: list[list[int]]) -> StepWork:
@@ -134,6 +143,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         steps = []
         try:
             for step in range(1, args.steps + 1):
+                frames_before = compiled_frames()
                 m = trainer.step(step)
                 meas = meter.reset()
                 if not meas.get("optimizer_steps"):
@@ -148,6 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "grad_norm": m.get("actor/grad_norm"),
                     "response_length_mean": m.get("train/response_length_mean"),
                     "rollout_s": m.get("timing/rollout_s"),
+                    "compiled_frames": compiled_frames() - frames_before,
                     "mfu": meas["update_flops"] / meas["update_s"] / peak,
                     **meas,
                 }
