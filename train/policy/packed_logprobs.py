@@ -264,9 +264,8 @@ class _ChunkedEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        logits, lse, entropy = (
-            t.detach() for t in ctx.saved_tensors
-        )  # the kernels' inputs never require grad
+        # detached: the kernels' inputs never require grad (a compiled graph is guarded on it)
+        logits, lse, entropy = (t.detach() for t in ctx.saved_tensors)
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         for sl in chunk_slices(logits.shape[0], ctx.chunk_size):
             ctx.kernels.entropy_grad(logits[sl], lse[sl], entropy[sl], grad_out[sl].float(), grad[sl])
