@@ -12,7 +12,7 @@
 #                                  # then stage `random`'s two default GRPO steps
 #   bench/device_check.sh flex     # bench/flex_probe.py (FlexAttention alone, stage by stage), then the memory
 #                                  # probe's shared layout at 2K and paper lengths and its unshared layout
-# Python packages the image lacks (hydra, omegaconf, antlr4: pure Python) travel as a site folder, $CARRY/site,
+# Python packages the image lacks (hydra, omegaconf, antlr4, gguf: pure Python) travel as a site folder, $CARRY/site,
 # or as wheels in $WHL; the tokenizer and config in $CARRY/tok. Results go to $OUT; each check has its own
 # time limit and a failed one is reported and the next still runs.
 # bench/gpu_check.py, bench/dcp_check.py and bench/memory_probe.py run on the CPU in the test suite
