@@ -17,6 +17,8 @@ from bench.profile_step import (
     PhaseLog,
     PhaseUsage,
     decode_gemm_seconds,
+    floor_budget_report,
+    is_attention,
     is_matmul,
     matmul_share,
     operator_table,
@@ -76,6 +78,21 @@ def test_shape_rates_report_prices_the_decode_products_at_their_own_shape():
     assert lines[1].endswith("the profiled engine's GEMMs took 1.10 s")
 
 
+def test_floor_budget_report_states_what_the_goal_leaves_beside_the_gemms():
+    # floor 2.9 s, GEMMs 3.4 s, step 7.0 s: 1.5x = 4.35 s leaves 0.95 s for work that took 3.6 s
+    line = floor_budget_report(step_s=7.0, gemm_s=3.4, attention_s=0.8, own_floor_s=2.9)
+    assert "own floor 2.90 s" in line and "GEMMs took 3.40 s = 1.17x it" in line
+    assert (
+        "1.5x the floor (4.35 s) would leave 0.95 s for attention and all other work, which took 3.60 s"
+        in line
+    )
+    assert line.endswith("(attention kernels 0.80 s; profiled step 7.00 s)")
+    assert "would leave -1.60 s" in floor_budget_report(7.0, 5.0, 0.1, own_floor_s=2.0, goal=1.7)
+    assert "own floor 0.0012 s" in floor_budget_report(0.5, 0.001, 0.0, own_floor_s=0.00123)
+    assert is_attention("aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+    assert is_attention("_C::cpu_attention_with_kv_cache") and not is_attention("_C::onednn_mm")
+
+
 @pytest.mark.slow
 def test_make_bench_profile_runs_a_tiny_step_end_to_end(tmp_path):
     """`python -m bench.profile_step` on the tiny model: one profiled step (vLLM rollout, FSDP2 update) and every
@@ -99,6 +116,9 @@ def test_make_bench_profile_runs_a_tiny_step_end_to_end(tmp_path):
     shapes = next(line for line in report.splitlines() if "products at the step's shapes" in line)
     assert "decode (4 x 128 x " in shapes and "training (2048 x 128 x " in shapes
     assert "decode products:" in report and trace.stat().st_size > 0
+    budget = next(line for line in report.splitlines() if line.startswith("own floor "))
+    floor_s = float(budget.split()[2])
+    assert floor_s > 0 and "x the floor (" in budget
 
 
 def test_phase_table_sums_usage_and_shares():
