@@ -224,3 +224,29 @@ def test_a_cpu_engine_starts_with_its_device_settings(vllm_engine):
     assert config.scheduler_config.enable_chunked_prefill is False
     vllm_engine.sleep()  # a no-op on CPU: generation goes on
     assert vllm_engine.asleep is False
+
+
+@pytest.mark.slow
+def test_vllm_start_up_collections_walk_only_the_objects_it_makes(tiny_model, vllm_engine, monkeypatch):
+    """`freeze_heap_before_start_up`: vLLM's start-up runs full garbage collections; the process's own objects
+    (torch, transformers, the trainer's) are frozen first, so those collections walk only what vLLM makes."""
+    import gc
+
+    gc.unfreeze()  # as before any engine started (the session's engine froze the heap at the end of its start)
+    heap = len(gc.get_objects())
+    walked = []
+    collect = gc.collect
+
+    def counting_collect(*args, **kwargs):
+        walked.append(len(gc.get_objects()))  # what a collection walks now: frozen objects are left out
+        return collect(*args, **kwargs)
+
+    monkeypatch.setattr(gc, "collect", counting_collect)
+    engine = VLLMEngine(tiny_model, dtype="float32", max_model_len=256, seed=0)
+    monkeypatch.undo()
+    try:
+        assert len(walked) >= 2, walked  # ours, then vLLM's own
+        assert walked[0] >= 0.9 * heap, (heap, walked)  # ours walks the whole heap, once
+        assert max(walked[1:]) < heap / 2, (heap, walked)  # vLLM's walk a fraction of it
+    finally:
+        engine.close()

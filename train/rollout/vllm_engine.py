@@ -35,6 +35,7 @@ it runs (`engine_kwargs`):
 
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 from collections.abc import Iterable, Iterator
@@ -197,6 +198,19 @@ def _retie_lm_head(worker) -> None:
         model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
 
 
+def freeze_heap_before_start_up() -> None:
+    """Take every object alive now out of the garbage collector's scans (`gc.freeze`) before vLLM starts.
+
+    vLLM's start-up runs full collections (after loading the model, after profiling the KV cache, and in its
+    own `freeze_gc_heap`, which freezes the whole heap at its end anyway); in a trainer process each one walked
+    torch's, transformers' and the policy's objects: 2.1 s of a darling_math job's start (cProfile, 12
+    `gc.collect` calls). Frozen first, they walk only what vLLM makes. Measured (SmolLM2-135M bf16, 2 cores,
+    vLLM imported): engine construction 3.1 -> 1.6 s, plus 0.35 s for this collection. vLLM's shutdown
+    unfreezes the heap (`cleanup_dist_env_and_memory`), as it would after its own freeze."""
+    gc.collect()
+    gc.freeze()
+
+
 def reuse_cpu_compile_cache() -> None:
     """Let a compiled CPU engine load its AOT-compiled model instead of compiling it again at every start.
 
@@ -328,6 +342,7 @@ class VLLMEngine:
                     self.tp_group, self.tp_ranks = group, ranks
         if self.device_type != "cuda" and not self.kwargs["enforce_eager"]:
             reuse_cpu_compile_cache()
+        freeze_heap_before_start_up()
         try:
             self.llm = LLM(str(model_path), **self.kwargs)
         except BaseException:
