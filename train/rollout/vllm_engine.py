@@ -218,8 +218,8 @@ def reuse_cpu_compile_cache() -> None:
     artifact, but loading one calls `finalize_loading`, which only its GPU (piecewise) artifacts have: every
     start logged "Compiling model again due to a load failure ... no attribute 'finalize_loading'"
     (vllm-project/vllm#45447) and spent ~35 s compiling. A plain artifact is complete when loaded, so it gets
-    a no-op `finalize_loading`. Measured (SmolLM2-135M bf16, 2 cores): engine start 40-46 s -> 8.7-9.3 s with
-    the cache warm (eager: 4.3 s). Idempotent; a vLLM that fixed the bug is left alone."""
+    a no-op `finalize_loading`. Measured (SmolLM2-135M bf16, 2 cores, importing vLLM included): engine start
+    40-46 s -> 8.7-9.3 s with the cache warm (eager: 4.3 s). Idempotent; a vLLM that fixed the bug is left alone."""
     compiler = torch.compiler
     if getattr(compiler.load_compiled_function, "_rlpost_plain_artifacts", False):
         return
@@ -347,6 +347,7 @@ class VLLMEngine:
             self.llm = LLM(str(model_path), **self.kwargs)
         except BaseException:
             release_sleep_mode(self)
+            gc.unfreeze()  # what vLLM's shutdown would have done
             raise
         self.tokenizer = self.llm.get_tokenizer()
         _LIVE_ENGINES.add(id(self))
