@@ -32,7 +32,9 @@ from pathlib import Path
 
 from infra.process_exit import exit_now
 
-# Operators whose self time is matrix-product work (names as torch's profiler reports them).
+# Operators whose self time is attention (SDPA's kernels, vLLM's paged attention) and, with those, all
+# matrix-product work (names as torch's profiler reports them).
+ATTENTION_MARKERS = ("aten::_scaled_dot_product", "attention")
 MATMUL_MARKERS = (
     "aten::mm",
     "aten::addmm",
@@ -44,8 +46,7 @@ MATMUL_MARKERS = (
     "gemm",
     "matmul",
     "linear",
-    "aten::_scaled_dot_product",
-    "attention",
+    *ATTENTION_MARKERS,
 )
 
 
@@ -106,7 +107,7 @@ def shape_rates_report(
 def is_attention(name: str) -> bool:
     """Whether an operator is an attention kernel (SDPA's, vLLM's paged attention), not a GEMM."""
     low = name.lower()
-    return "attention" in low or "_scaled_dot_product" in low
+    return any(m in low for m in ATTENTION_MARKERS)
 
 
 def floor_budget_report(
