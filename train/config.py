@@ -218,6 +218,9 @@ class RunConfig:
     )  # held-out validation before training, every N steps and at the end, val/* (0 = off)
     log_every: int = checked(1, ">= 1", lambda n: n >= 1)
     world_size: int = checked(1, ">= 1", lambda n: n >= 1)  # ranks (torchrun is used when > 1)
+    dist_timeout_s: float = checked(
+        7200.0, "> 0", lambda x: x > 0
+    )  # collectives' timeout (NCCL and gloo): above the longest wait of a rank for the slowest one's generation
     track: bool = True  # log to MLflow (MLFLOW_TRACKING_URI, else ./mlflow.db)
     parent_run_id: str | None = None  # set by sweeps: the sweep's MLflow run
     tags: dict[str, str] = field(default_factory=dict)

@@ -90,10 +90,10 @@ class TrainingLoop:
         from transformers import AutoTokenizer
 
         from infra.models import resolve_model_path
-        from train.policy.distributed import init_distributed
+        from train.policy.distributed import DIST_TIMEOUT_S, init_distributed
 
         self.cfg = cfg
-        self.rank, self.world = init_distributed()
+        self.rank, self.world = init_distributed(cfg.get("dist_timeout_s", DIST_TIMEOUT_S))
         if cfg.world_size != self.world:
             raise RuntimeError(f"world_size={cfg.world_size} but {self.world} ranks were started")
         torch.manual_seed(cfg.seed + self.rank)

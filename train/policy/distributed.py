@@ -61,22 +61,37 @@ def require_usable_cuda(env: dict[str, str] | None = None) -> None:
         )
 
 
-def init_distributed() -> tuple[int, int]:
+DIST_TIMEOUT_S = 7200.0  # the run config's dist_timeout_s default (train/config.py): see init_distributed
+
+
+def init_distributed(timeout_s: float = DIST_TIMEOUT_S) -> tuple[int, int]:
     """Join (or create) the default process group; returns (rank, world_size).
 
     Under torchrun the usual env vars are set. A plain `python -m train` run creates a group of one,
     so FSDP2 and the colocated vLLM engine (which joins this same group) work the same way at any size.
+
+    `timeout_s` (the run's `dist_timeout_s`) bounds every collective of the group, NCCL and gloo: a rank
+    that finished generating waits in the first collective after generation (`Policy.micro_batches`'
+    `all_reduce_max`) for as long as the slowest rank still generates, so it must exceed the longest
+    generation skew. torch's default (10 min for NCCL) ends the job at the paper shapes, whose steps
+    take ~20 min (`python -m train.plan`); verl raises `nccl_timeout` for such runs, torchtitan has
+    `comm.train_timeout_seconds`. The default, 2 h, is the checkpoint waits' (IO_TIMEOUT_S).
     """
     if not dist.is_initialized():
         require_usable_cuda()
         backend = process_group_backend("cuda" if torch.cuda.is_available() else "cpu")
         if torch.cuda.is_available():  # one GPU per rank: the rank's local index on its node
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        timeout = datetime.timedelta(seconds=float(timeout_s))
         if "RANK" in os.environ:  # torchrun / srun set these
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, timeout=timeout)
         else:  # no env changes: child processes must not inherit this group's address
             dist.init_process_group(
-                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+                backend,
+                init_method=f"tcp://127.0.0.1:{_free_port()}",
+                rank=0,
+                world_size=1,
+                timeout=timeout,
             )
     return dist.get_rank(), dist.get_world_size()
 
