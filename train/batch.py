@@ -19,7 +19,10 @@ from typing import Any
 import torch
 
 # The per-sample lists: one entry per row, selected and concatenated together.
-ROW_FIELDS = ("prompt_ids", "response_ids", "response_logprobs", "texts", "finish_reasons", "rows", "scores")
+ROW_FIELDS = (
+    "prompt_ids", "response_ids", "response_logprobs", "texts", "finish_reasons", "rows", "scores",
+    "token_mask", "episodes",
+)  # fmt: skip
 
 
 @dataclass
@@ -37,6 +40,10 @@ class Batch:
     signals: dict[str, list] = field(default_factory=dict)
     reward_metrics: dict[str, float] = field(default_factory=dict)  # per-batch figures, logged as reward/*
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # named (B, ...) tensors: batch[name]
+    # multi-turn rollouts (train/rollout/agent_loop.py): per response token 1 = sampled by the model,
+    # 0 = written by the environment; and each trajectory's turns, tool calls and stop reason
+    token_mask: list[list[int]] = field(default_factory=list)
+    episodes: list[dict] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -44,6 +51,12 @@ class Batch:
     @property
     def num_response_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
+
+    def model_token_mask(self) -> list[list[float]]:
+        """Per row, 1.0 on the tokens the model sampled (every response token of a single-turn rollout)."""
+        if self.token_mask:
+            return [[float(m) for m in row] for row in self.token_mask]
+        return [[1.0] * len(r) for r in self.response_ids]
 
     @property
     def num_groups(self) -> int:
@@ -106,9 +119,12 @@ class Batch:
         Named tensors are concatenated when every part has them (padded to the widest on dim 1)."""
         out = Batch([], [], [], [], [], [])
         offset = 0
+        masked = any(p.token_mask for p in parts)  # a single-turn part's mask is all ones
         for part in parts:
             for name in ROW_FIELDS:
                 getattr(out, name).extend(getattr(part, name))
+            if masked and not part.token_mask:
+                out.token_mask.extend([1] * len(r) for r in part.response_ids)
             out.group_index += [g + offset for g in part.group_index]
             offset += part.num_groups
             for k, v in part.signals.items():

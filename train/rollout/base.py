@@ -39,6 +39,17 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
 
+@dataclass
+class TurnOutput:
+    """One finished request of an engine's turn-level API (`submit` / `step`): what the model sampled."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" or "length"
+
+
 class RolloutEngine(Protocol):
     """What the trainer and the evals need from a generator. Built from `rollout.engine` (its `_target_`
     and its own settings) with ENGINE_ARGS; a class may define `check_settings(world_size, **arguments)`,
@@ -63,6 +74,12 @@ class RolloutEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    # Optional, for multi-turn rollouts that keep the engine busy while tools run (train/rollout/agent_loop.py);
+    # an engine without them generates each turn of all waiting trajectories as one batch.
+    # def submit(self, prompt_ids: list[int], sampling: SamplingConfig, seed: int) -> str: queue one sample
+    # def step(self) -> list[TurnOutput]: one engine iteration; the requests that finished in it
+    # def pending(self) -> int: requests queued or running
 
 
 def expand_groups(prompt_ids: list[list[int]], n: int) -> tuple[list[list[int]], list[int]]:

@@ -36,6 +36,7 @@ it runs (`engine_kwargs`):
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import weakref
 from collections.abc import Iterable, Iterator
@@ -44,7 +45,7 @@ from pathlib import Path
 import torch
 
 from train.batch import Batch
-from train.rollout.base import SamplingConfig, expand_groups
+from train.rollout.base import SamplingConfig, TurnOutput, expand_groups
 
 SLEEP_LEVELS = (0, 1, 2)  # 0 = never sleep
 
@@ -350,6 +351,7 @@ class VLLMEngine:
             gc.unfreeze()  # what vLLM's shutdown would have done
             raise
         self.tokenizer = self.llm.get_tokenizer()
+        self._request_ids = itertools.count()
         _LIVE_ENGINES.add(id(self))
 
     def _params(self, sampling: SamplingConfig, seed: int):
@@ -377,15 +379,42 @@ class VLLMEngine:
         if self.tp_group is not None:  # the TP group generates all its ranks' requests together
             requests, params, mine = _share_in_group(requests, params, self.tp_group)
         outs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)[mine]
-        response_ids, logprobs, texts, finish = [], [], [], []
-        for out in outs:
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            response_ids.append(ids)
-            logprobs.append([lp[t].logprob for lp, t in zip(c.logprobs, ids)] if c.logprobs else [])
-            texts.append(c.text)
-            finish.append("length" if c.finish_reason == "length" else "stop")
-        return Batch(rows, response_ids, logprobs, texts, finish, groups)
+        turns = [_turn_output(out) for out in outs]
+        return Batch(
+            rows,
+            [t.token_ids for t in turns],
+            [t.logprobs for t in turns],
+            [t.text for t in turns],
+            [t.finish_reason for t in turns],
+            groups,
+        )
+
+    # ---- turn-level requests (multi-turn rollouts: train/rollout/agent_loop.py) ------------------------
+    def submit(self, prompt_ids: list[int], sampling: SamplingConfig, seed: int) -> str:
+        """Queue one sample of `prompt_ids` (its own seed) without running it; `step` advances every queued
+        request together, so a trajectory's next turn joins the running batch as soon as it is ready."""
+        if self.tp_group is not None:
+            raise NotImplementedError(
+                "multi-turn rollouts with tensor_parallel_size > 1 are not supported yet"
+            )
+        self._wake()
+        return self.llm.llm_engine.add_request(
+            f"turn-{next(self._request_ids)}",
+            {"prompt_token_ids": list(prompt_ids)},
+            self._params(sampling, seed),
+            lora_request=self.lora_request,
+        )
+
+    def step(self) -> list[TurnOutput]:
+        """One engine iteration over every queued request; the requests that finished in it."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                done.append(_turn_output(out))
+        return done
+
+    def pending(self) -> int:
+        return self.llm.llm_engine.get_num_unfinished_requests()
 
     def sequence_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]
@@ -496,6 +525,16 @@ class VLLMEngine:
                 core.cleanup_dist_env_and_memory = original
         else:
             del self.llm
+
+
+def _turn_output(out) -> TurnOutput:
+    """A finished vLLM RequestOutput as the sampled tokens, their log-probs, text and why it stopped."""
+    c = out.outputs[0]
+    ids = list(c.token_ids)
+    logprobs = [lp[t].logprob for lp, t in zip(c.logprobs, ids)] if c.logprobs else []
+    return TurnOutput(
+        out.request_id, ids, logprobs, c.text, "length" if c.finish_reason == "length" else "stop"
+    )
 
 
 def _share_in_group(requests: list, params: list, group) -> tuple[list, list, slice]:

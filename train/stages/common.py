@@ -112,7 +112,8 @@ def heldout_pass(loop, prompt_ids: list[list[int]], rows: list[dict]):
         max_new_tokens=loop.cfg.rollout.max_new_tokens,
         seed=0,
     )
-    rollout = loop.engine.generate(prompt_ids, sampling)
+    sample = getattr(loop, "sample", None)  # the loop's rollout (multi-turn with env.*), else the engine's
+    rollout = sample(prompt_ids, rows, sampling) if sample else loop.engine.generate(prompt_ids, sampling)
     sample_rows = [rows[g] for g in rollout.group_index]
     reward = loop.reward_fn(sample_rows, rollout.texts, rollout.group_index)
     parts = all_gather_objects((reward.scores, reward.correct, rollout.group_index, reward.metrics))

@@ -42,10 +42,13 @@ from train.algorithms.gae import actor_trains_at, value_loss
 from train.batch import Batch
 from train.config import train_schema, validate
 from train.data import PromptSampler, encode_prompts
+from train.env.registry import build_agent
+from train.env.registry import enabled as env_enabled
 from train.heldout_metrics import heldout_metrics
 from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
+from train.rollout.agent_loop import env_metrics, zero_failed_trajectories
 from train.rollout.base import SamplingConfig
 from train.rollout.weight_sync import sync_weights
 from train.stages.common import heldout_pass
@@ -136,16 +139,17 @@ def make_critic_loss_fn(algo, critic_cfg, batch: Batch, scale_factor: float, wor
 
     def loss_fn(mb, values, _entropy):
         R, rows, dev = values.shape[1], mb.rows, values.device
+        token_mask = mask[rows, :R].to(dev)  # the model's tokens (multi-turn: not the environment's)
         loss, metrics = value_loss(
             values,
             returns[rows, :R].to(dev),
             old_values[rows, :R].to(dev),
-            mb.response_mask,
+            token_mask,
             critic_cfg.cliprange_value,
             algo.loss_agg_mode,
             **norms,
         )
-        weight = float(mb.response_mask.sum()) / local_tokens
+        weight = float(token_mask.sum()) / local_tokens
         return loss * world, {k: v * weight for k, v in metrics.items()}
 
     return loss_fn
@@ -160,6 +164,10 @@ class GRPOTrainer(TrainingLoop):
 
     def load_data(self) -> None:
         cfg = self.cfg
+        # multi-turn rollouts (env.tools / env.interaction): prompts describe the tools; engine attached in setup
+        self.agent = (
+            build_agent(cfg.env, None, self.tokenizer, say=self.print) if env_enabled(cfg.env) else None
+        )
         rows = load_prompt_rows(cfg.data.train_path, cfg.data.builtin_size, cfg.seed)
         self.rows, dropped = self._fit_prompts(rows)
         if dropped:
@@ -171,7 +179,7 @@ class GRPOTrainer(TrainingLoop):
         if cfg.val_every and cfg.data.val_path:
             val = load_prompt_rows(cfg.data.val_path, cfg.data.val_size, cfg.seed, split="test")
             self.val_rows = val[self.rank :: self.world]
-            self.val_prompt_ids = encode_prompts(self.tokenizer, self.val_rows, cfg.data.prompt_template)
+            self.val_prompt_ids = self._encode(self.val_rows)
 
     def setup(self) -> None:
         cfg = self.cfg
@@ -205,6 +213,7 @@ class GRPOTrainer(TrainingLoop):
         self.reward_fn = instantiate(OmegaConf.to_container(cfg.reward, resolve=True))
         if self.engine is None:
             self.engine = build_engine(cfg, self.weights, self.policy.precision)
+            self._attach_agent()
         else:  # a shared engine may hold other weights: start it from this policy's
             want = getattr(torch, engine_dtype(cfg, self.policy.precision))
             have = getattr(self.engine, "weight_dtype", getattr(self.engine, "dtype", want))
@@ -213,6 +222,23 @@ class GRPOTrainer(TrainingLoop):
                     f"the shared rollout engine computes in {have}, not the {want} this policy's precision asks for"
                 )
             sync_weights(self.policy, self.engine)
+            self._attach_agent()
+
+    def _attach_agent(self) -> None:
+        if self.agent is not None:
+            self.agent.attach(self.engine)
+
+    def _encode(self, rows: list[dict]) -> list[list[int]]:
+        """Prompt ids of data rows: with tools, the chat with the tools described (the agent's format)."""
+        if self.agent is not None:
+            return self.agent.encode(rows)
+        return encode_prompts(self.tokenizer, rows, self.cfg.data.prompt_template)
+
+    def sample(self, prompt_ids: list[list[int]], rows: list[dict], sampling: SamplingConfig) -> Batch:
+        """The rollout of these prompts: one response each, or multi-turn trajectories with env.*"""
+        if self.agent is not None:
+            return self.agent.generate(prompt_ids, rows, sampling)
+        return self.engine.generate(prompt_ids, sampling)
 
     @property
     def examples_per_step(self) -> int:
@@ -237,7 +263,7 @@ class GRPOTrainer(TrainingLoop):
 
     # ------------------------------------------------------------------------------------------
     def _fit_prompts(self, rows: list[dict]) -> tuple[list[dict], int]:
-        ids = encode_prompts(self.tokenizer, rows, self.cfg.data.prompt_template)
+        ids = self._encode(rows)
         keep = [(r, i) for r, i in zip(rows, ids) if len(i) <= self.cfg.data.max_prompt_tokens]
         self.prompt_ids = [i for _, i in keep]
         return [r for r, _ in keep], len(rows) - len(keep)
@@ -261,6 +287,8 @@ class GRPOTrainer(TrainingLoop):
         """generate -> reward -> inputs -> plug-ins -> estimator -> update -> weight sync."""
         t0 = time.perf_counter()
         batch, figures, (t_rollout, t_reward) = self._generate(step)  # + DAPO dynamic sampling
+        if self.agent is not None:
+            figures.update(env_metrics(batch.episodes, self.agent.last_stats))
         needs = self._needs()
         self._provide(batch, [n for n in needs if provider(n)[1]])
         self.engine.sleep()  # release the engine's memory before any log-prob pass (verl's order)
@@ -331,13 +359,16 @@ class GRPOTrainer(TrainingLoop):
         mine = self.sampler.batch(step + self.extra_gen_batches + gen_batch)
         mine = mine[self.rank * per_rank : (self.rank + 1) * per_rank]
         t = time.perf_counter()
-        batch = self.engine.generate([self.prompt_ids[i] for i in mine], self._sampling(step, gen_batch))
+        prompts, rows = [self.prompt_ids[i] for i in mine], [self.rows[i] for i in mine]
+        batch = self.sample(prompts, rows, self._sampling(step, gen_batch))
         times[0] += time.perf_counter() - t
         batch.rows = [self.rows[mine[g]] for g in batch.group_index]
         t = time.perf_counter()
         batch.add_reward(self.reward_fn(batch.rows, batch.texts, batch.group_index))
+        zero_failed_trajectories(batch)
         times[1] += time.perf_counter() - t
-        batch["response_mask"] = batch.padded([[1.0] * len(r) for r in batch.response_ids])
+        # environment tokens (multi-turn) are 0: no loss, entropy, KL or per-token figure sees them
+        batch["response_mask"] = batch.padded(batch.model_token_mask())
         batch["rewards"] = torch.tensor(batch.scores, dtype=torch.float32)  # what plug-ins shape
         if all(len(lp) == len(r) for lp, r in zip(batch.response_logprobs, batch.response_ids)):
             batch["rollout_log_probs"] = batch.padded(batch.response_logprobs)
@@ -376,7 +407,7 @@ class GRPOTrainer(TrainingLoop):
         sampling = SamplingConfig(
             n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens, seed=0
         )
-        greedy = self.engine.generate([batch.prompt_ids[i] for i in order], sampling)
+        greedy = self.sample([batch.prompt_ids[i] for i in order], [batch.rows[i] for i in order], sampling)
         reward = self.reward_fn([batch.rows[i] for i in order], greedy.texts, greedy.group_index)
         return torch.tensor(reward.scores, dtype=torch.float32)[torch.tensor(batch.group_index)]
 
@@ -584,6 +615,8 @@ class GRPOTrainer(TrainingLoop):
 
     def close(self) -> None:
         super().close()
+        if self.agent is not None:
+            self.agent.close()
         if hasattr(self.reward_fn, "close"):  # e.g. the classmate reward's own engines
             self.reward_fn.close()
 

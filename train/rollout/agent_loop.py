@@ -1,0 +1,404 @@
+"""Multi-turn rollouts: the model calls tools and talks to an environment, token in, token out.
+
+A trajectory is one sample: its prompt, then model turns and environment turns back to back as one
+response. The engine's sampled tokens are appended as sampled (never decoded and re-encoded); an
+environment turn (tool results, a user's reply) is rendered by the chat template and appended as tokens
+(train/env/tool_format.py). `token_mask` marks model tokens 1 and environment tokens 0, and the trainer
+makes it the response mask, so the loss, entropy, KL, rollout correction and every per-token figure see
+model tokens only; the engine's log-probs are kept for model tokens (0.0 under environment tokens).
+
+Scheduling (`schedule`): `async` keeps the engine busy: each trajectory's next turn is queued as soon as
+its tools or its environment have answered, and the engine steps over whatever is queued while other
+trajectories wait (continuous batching over vLLM's request queue; tools and environments run in a thread
+pool). `sync` is turn-synchronous batching (every waiting trajectory's turn generated as one batch, then
+every tool call, then the next turn), kept for the comparison in bench/agent_rollout.py. Prefix caching
+(on by default in the vLLM engine) reuses each trajectory's earlier turns.
+
+Stops: `max_turns` model turns, `max_total_tokens` response tokens (model and environment), the
+environment's `done`, or a model turn without a tool call when there is no environment. Bad turns never
+stop a step: a malformed call, an unknown tool, a tool that raises or times out, an over-long observation
+each become an error observation the model reads (counted); an environment that raises ends its
+trajectory (`failed`, reward 0 by the trainer) with one warning line.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from train.batch import Batch
+from train.env.base import EnvStep
+from train.env.tool_format import ChatFormat, ParsedTurn, parse_tool_calls
+from train.rollout.base import SamplingConfig, TurnOutput
+
+SCHEDULES = ("async", "sync")
+ERROR_KINDS = ("malformed", "unknown_tool", "tool_error", "timeout", "too_long")
+
+
+@dataclass
+class Trajectory:
+    """One sample's conversation as tokens, with what the metrics and the samples viewer need."""
+
+    index: int
+    prompt_ids: list[int]
+    row: dict
+    seed: int
+    env: Any = None
+    token_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)  # 1: sampled by the model, 0: written by the environment
+    logprobs: list[float] = field(default_factory=list)
+    segments: list[dict] = field(default_factory=list)  # {"role": "model" | "env", "start", "end", "text"}
+    turns: int = 0
+    tool_calls: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    tool_latency_s: list[float] = field(default_factory=list)
+    env_reward: float = 0.0
+    final_text: str = ""
+    open_turn: bool = False  # the last model turn was cut before its end-of-turn token
+    stop: str = ""  # answered | done | max_turns | max_total_tokens | turn_length | env_error
+    failed: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.stop in ("max_turns", "max_total_tokens", "turn_length")
+
+    def add(self, ids: list[int], role: str, text: str, logprobs: list[float] | None = None) -> None:
+        start = len(self.token_ids)
+        self.token_ids += ids
+        self.mask += [1 if role == "model" else 0] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.segments.append({"role": role, "start": start, "end": len(self.token_ids), "text": text})
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def summary(self) -> dict:
+        """What the batch keeps of the trajectory (metrics, samples viewer)."""
+        return {
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "errors": dict(self.errors),
+            "tool_latency_s": list(self.tool_latency_s),
+            "env_reward": self.env_reward,
+            "stop": self.stop,
+            "truncated": self.truncated,
+            "failed": self.failed,
+            "segments": [dict(s) for s in self.segments],
+            "env_tokens": len(self.mask) - sum(self.mask),
+        }
+
+
+@dataclass
+class _Pending:
+    """The tool calls (or environment step) a trajectory waits for after a model turn."""
+
+    trajectory: Trajectory
+    futures: list[Future]
+    names: list[str]
+    started: float
+    env_step: bool = False
+
+
+class BatchedTurns:
+    """The turn-level API over an engine that has only `generate`: everything queued is generated as one
+    batch when stepped (the HF engine in tests; no overlap with tools)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.queued: list[tuple[str, list[int], SamplingConfig, int]] = []
+        self.ids = itertools.count()
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingConfig, seed: int) -> str:
+        rid = f"turn-{next(self.ids)}"
+        self.queued.append((rid, prompt_ids, sampling, seed))
+        return rid
+
+    def pending(self) -> int:
+        return len(self.queued)
+
+    def step(self) -> list[TurnOutput]:
+        queued, self.queued = self.queued, []
+        out: list[TurnOutput] = []
+        for max_new in sorted({s.max_new_tokens for _, _, s, _ in queued}):
+            part = [q for q in queued if q[2].max_new_tokens == max_new]
+            sampling = replace(part[0][2], n=1, seed=part[0][3])
+            batch = self.engine.generate([p for _, p, _, _ in part], sampling)
+            for (rid, *_), ids, lps, text, fin in zip(
+                part, batch.response_ids, batch.response_logprobs, batch.texts, batch.finish_reasons
+            ):
+                out.append(TurnOutput(rid, ids, lps, text, fin))
+        return out
+
+
+class AgentRollout:
+    """Generates multi-turn trajectories with `tools` (name -> Tool) and an environment factory.
+
+    `interaction`: a callable returning a new Environment per trajectory (None: tools only, the
+    trajectory ends at the first model turn without a tool call)."""
+
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        tools: dict[str, Any],
+        interaction=None,
+        max_turns: int = 4,
+        max_total_tokens: int | None = None,
+        max_observation_tokens: int = 256,
+        tool_timeout_s: float = 10.0,
+        tool_workers: int = 8,
+        schedule: str = "async",
+        tool_format: str = "auto",
+        say=print,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"env.schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        self.attach(engine)
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.interaction = interaction
+        self.max_turns = max_turns
+        self.max_total_tokens = max_total_tokens
+        self.max_observation_tokens = max_observation_tokens
+        self.tool_timeout_s = tool_timeout_s
+        self.schedule = schedule
+        native = {"auto": None, "native": True, "fallback": False}[tool_format]
+        self.format = ChatFormat(tokenizer, [t.schema() for t in tools.values()], native=native)
+        self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="env")
+        self.say = say
+        self.last_stats: dict[str, float] = {}
+
+    def attach(self, engine) -> None:
+        """The engine to generate with (the trainer builds it after the prompts are encoded)."""
+        self.engine = engine
+        self.turns_api = engine if engine is None or hasattr(engine, "submit") else BatchedTurns(engine)
+
+    # ---- prompts ------------------------------------------------------------------------------
+    def encode(self, rows: list[dict]) -> list[list[int]]:
+        """Each row's chat prompt with the tools described (native template or the fallback system text)."""
+        return [self.format.prompt_ids(r["prompt"]) for r in rows]
+
+    # ---- the rollout --------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], rows: list[dict], sampling: SamplingConfig) -> Batch:
+        """n trajectories per prompt, prompt-major like every engine's `generate` (row p * n + j)."""
+        trajs = []
+        for p, (ids, row) in enumerate(zip(prompt_ids, rows)):
+            for j in range(sampling.n):
+                i = p * sampling.n + j
+                trajs.append(self._start(Trajectory(i, list(ids), row, sampling.seed + i)))
+        budget = self.max_total_tokens or sampling.max_new_tokens * self.max_turns
+        started = time.perf_counter()
+        busy = self._run([t for t in trajs if not t.stop], sampling, budget)
+        wall = time.perf_counter() - started
+        self.last_stats = {"engine_busy_share": busy / wall if wall > 0 else 0.0, "rollout_s": wall}
+        return Batch(
+            prompt_ids=[t.prompt_ids for t in trajs],
+            response_ids=[t.token_ids for t in trajs],
+            response_logprobs=[t.logprobs for t in trajs],
+            texts=[t.final_text for t in trajs],
+            finish_reasons=["length" if t.truncated else "stop" for t in trajs],
+            group_index=[t.index // sampling.n for t in trajs],
+            token_mask=[t.mask for t in trajs],
+            episodes=[t.summary() for t in trajs],
+        )
+
+    def _start(self, t: Trajectory) -> Trajectory:
+        if self.interaction is None:
+            return t
+        try:
+            t.env = self.interaction()
+            first = t.env.reset(t.row)
+        except Exception as exc:  # noqa: BLE001 -- any failure of user code ends this trajectory alone
+            return self._env_failed(t, exc)
+        if first:  # shown before the first model turn: part of the prompt
+            messages = [*t.row["prompt"], {"role": "user", "content": str(first)}]
+            t.prompt_ids = self.format.prompt_ids(messages)
+        return t
+
+    def _run(self, trajs: list[Trajectory], sampling: SamplingConfig, budget: int) -> float:
+        """Drive every trajectory to its end; the seconds spent inside engine steps."""
+        ready: deque[Trajectory] = deque(trajs)
+        running: dict[str, Trajectory] = {}
+        waiting: list[_Pending] = []
+        busy = 0.0
+        while ready or running or waiting:
+            hold = self.schedule == "sync" and (running or waiting)  # a turn-synchronous batch is in flight
+            while ready and not hold:
+                t = ready.popleft()
+                room = budget - len(t.token_ids)
+                if room <= 0:
+                    self._finish(t, "max_total_tokens")
+                    continue
+                turn = replace(sampling, n=1, max_new_tokens=min(sampling.max_new_tokens, room))
+                rid = self.turns_api.submit(t.prompt_ids + t.token_ids, turn, t.seed + (t.turns << 32))
+                running[rid] = t
+            if running:
+                tick = time.perf_counter()
+                outs = self.turns_api.step()
+                busy += time.perf_counter() - tick
+                for out in outs:
+                    self._model_turn(running.pop(out.request_id), out, waiting, ready)
+            elif waiting:  # nothing to generate: wait for the first tool or environment to answer
+                timeout = max(0.0, min(p.started for p in waiting) + self.tool_timeout_s - time.time())
+                wait([f for p in waiting for f in p.futures], timeout=timeout, return_when=FIRST_COMPLETED)
+            for p in list(waiting):
+                late = time.time() - p.started > self.tool_timeout_s
+                if all(f.done() for f in p.futures) or late:
+                    waiting.remove(p)
+                    self._answer(p, budget, ready)
+        return busy
+
+    def _model_turn(self, t: Trajectory, out: TurnOutput, waiting: list, ready: deque) -> None:
+        logprobs = out.logprobs if len(out.logprobs) == len(out.token_ids) else [0.0] * len(out.token_ids)
+        t.add(out.token_ids, "model", out.text, logprobs)
+        t.turns += 1
+        t.final_text = out.text
+        # a turn cut at rollout.max_new_tokens is still acted on (its calls, or the environment's verdict);
+        # the end-of-turn token the model did not write is then the environment's (train/env/tool_format.py)
+        t.open_turn = out.finish_reason == "length"
+        parsed: ParsedTurn = parse_tool_calls(out.text) if self.tools else ParsedTurn()
+        if parsed.wants_tools:
+            if t.turns >= self.max_turns:
+                return self._finish(t, "max_turns")
+            futures, names = [], []
+            for message in parsed.errors:
+                t.error("malformed")
+                futures.append(_done(f"error: {message}"))
+                names.append("")
+            for call in parsed.calls:
+                t.tool_calls += 1
+                futures.append(self.pool.submit(self._call_tool, call.name, call.arguments))
+                names.append(call.name)
+            waiting.append(_Pending(t, futures, names, time.time()))
+        elif t.env is not None:
+            if t.turns >= self.max_turns:
+                return self._finish(t, "max_turns")
+            waiting.append(_Pending(t, [self.pool.submit(t.env.step, out.text)], ["env"], time.time(), True))
+        else:
+            self._finish(t, "turn_length" if t.open_turn else "answered")
+
+    def _call_tool(self, name: str, arguments: dict) -> tuple[str, str | None, float]:
+        """(result text, error kind or None, seconds) of one call; never raises."""
+        tick = time.perf_counter()
+        tool = self.tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools))
+            return f"error: unknown tool {name!r} (available: {known})", "unknown_tool", 0.0
+        try:
+            result, kind = str(tool(**arguments)), None
+        except Exception as exc:  # noqa: BLE001 -- a tool's failure is the model's observation
+            result, kind = f"error: {str(exc).strip() or type(exc).__name__}", "tool_error"
+        return result, kind, time.perf_counter() - tick
+
+    def _answer(self, p: _Pending, budget: int, ready: deque) -> None:
+        """Turn the answers of tools or the environment into the next observation, or end the trajectory."""
+        t = p.trajectory
+        if p.env_step:
+            return self._env_answer(t, p.futures[0], budget, ready)
+        results = []
+        for future, name in zip(p.futures, p.names):
+            if not future.done():
+                t.error("timeout")
+                future.cancel()
+                results.append(f"error: tool {name!r} timed out after {self.tool_timeout_s:g} s")
+                continue
+            text, kind, seconds = future.result()
+            if name:
+                t.tool_latency_s.append(seconds)
+            if kind:
+                t.error(kind)
+            results.append(self._cut(t, text))
+        self._observe(t, self.format.as_messages(results, "tool"), budget, ready)
+
+    def _env_answer(self, t: Trajectory, future: Future, budget: int, ready: deque) -> None:
+        if not future.done():
+            return self._env_failed(
+                t, TimeoutError(f"no answer within env.tool_timeout_s={self.tool_timeout_s:g}")
+            )
+        try:
+            step: EnvStep = future.result()
+        except Exception as exc:  # noqa: BLE001
+            return self._env_failed(t, exc)
+        t.env_reward += float(step.reward)
+        if step.done or not step.observation:
+            return self._finish(t, "done")
+        self._observe(
+            t, self.format.as_messages([self._cut(t, str(step.observation))], "user"), budget, ready
+        )
+
+    def _observe(self, t: Trajectory, messages: list[dict], budget: int, ready: deque) -> None:
+        ids = self.format.observation_ids(messages, after_end_of_turn=not t.open_turn)
+        if len(t.token_ids) + len(ids) >= budget:  # no room left for the observation and a reply
+            return self._finish(t, "max_total_tokens")
+        t.add(ids, "env", "\n".join(m["content"] for m in messages))
+        ready.append(t)
+
+    def _cut(self, t: Trajectory, text: str) -> str:
+        """An observation of at most `max_observation_tokens` tokens (longer ones cut, counted as errors)."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= self.max_observation_tokens:
+            return text
+        t.error("too_long")
+        kept = self.tokenizer.decode(ids[: self.max_observation_tokens])
+        return f"{kept}\n[cut: {len(ids) - self.max_observation_tokens} more tokens over env.max_observation_tokens]"
+
+    def _env_failed(self, t: Trajectory, exc: BaseException) -> Trajectory:
+        t.failed = f"{type(exc).__name__}: {str(exc).strip()}"[:300]
+        self.say(
+            f"warning: environment failed on sample {t.index}, trajectory ended with reward 0 ({t.failed})"
+        )
+        return self._finish(t, "env_error")
+
+    def _finish(self, t: Trajectory, why: str) -> Trajectory:
+        t.stop = why
+        return t
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result((value, None, 0.0))
+    return f
+
+
+def zero_failed_trajectories(batch: Batch) -> None:
+    """A trajectory whose environment raised gets reward 0 (and is not correct), whatever the reward said."""
+    for i, episode in enumerate(batch.episodes):
+        if episode.get("failed"):
+            batch.scores[i] = 0.0
+            if batch.correct is not None:
+                batch.correct[i] = 0.0
+
+
+def env_metrics(episodes: list[dict], stats: dict[str, float] | None = None) -> dict[str, float]:
+    """The `env/*` figures of a batch of trajectories (Trajectory.summary dicts)."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    calls = sum(e["tool_calls"] for e in episodes)
+    errors = {k: sum(e["errors"].get(k, 0) for e in episodes) for k in ERROR_KINDS}
+    attempts = calls + errors["malformed"]
+    tokens = sum(s["end"] - s["start"] for e in episodes for s in e["segments"])
+    latencies = [x for e in episodes for x in e["tool_latency_s"]]
+    out = {
+        "env/turns_mean": sum(e["turns"] for e in episodes) / n,
+        "env/tool_calls_mean": calls / n,
+        "env/tool_error_rate": sum(errors.values()) / attempts if attempts else 0.0,
+        "env/truncated_rate": sum(e["truncated"] for e in episodes) / n,
+        "env/failed_rate": sum(e["failed"] is not None for e in episodes) / n,
+        "env/observation_token_share": sum(e["env_tokens"] for e in episodes) / tokens if tokens else 0.0,
+        "env/reward_mean": sum(e["env_reward"] for e in episodes) / n,
+        "env/tool_latency_mean_s": sum(latencies) / len(latencies) if latencies else 0.0,
+        "env/tool_latency_max_s": max(latencies, default=0.0),
+        "env/used_tools_rate": sum(e["tool_calls"] > 0 for e in episodes) / n,
+    }
+    out.update({f"env/errors_{k}": float(v) for k, v in errors.items()})
+    for k, v in (stats or {}).items():
+        out[f"env/{k}"] = v
+    return out
