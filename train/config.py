@@ -243,6 +243,38 @@ class ExpertIterationConfig:
     normalize_constant: float = 1.0  # sequence_constant: each sequence's summed NLL is divided by this
 
 
+@dataclass
+class EnvConfig:
+    """Multi-turn rollouts (train/rollout/agent_loop.py): tools the model may call and an environment it talks
+    to. Off while `tools` is empty and `interaction` null (one prompt, one response)."""
+
+    tools: list[Any] = field(
+        default_factory=list
+    )  # names (calculator, python: train/env/registry.py) or {_target_: ..., <kwargs>} entries
+    interaction: Any = (
+        None  # an environment per trajectory: a name (answer_check) or {_target_: ...}; null = tools only
+    )
+    max_turns: int = checked(4, ">= 1", lambda n: n >= 1)  # model turns per trajectory
+    max_total_tokens: int | None = checked(
+        None, ">= 1", lambda n: n >= 1, note="or null = max_turns x rollout.max_new_tokens"
+    )  # response tokens per trajectory, model and environment turns together
+    max_observation_tokens: int = checked(
+        256, ">= 1", lambda n: n >= 1
+    )  # a longer tool result is cut (an error)
+    tool_timeout_s: float = checked(
+        10.0, "> 0", lambda x: x > 0
+    )  # a call still running this long is an error
+    tool_workers: int = checked(
+        8, ">= 1", lambda n: n >= 1
+    )  # threads running tool calls and environment steps
+    schedule: str = checked(
+        "async", choices=("async", "sync")
+    )  # async: the engine generates for others while one waits; sync: turn-synchronous batches
+    tool_format: str = checked(
+        "auto", choices=("auto", "native", "fallback")
+    )  # native: the chat template's own tools; fallback: <tool_call> JSON described in the system prompt
+
+
 TRAINERS = ("grpo", "expert_iteration")
 
 
@@ -255,6 +287,7 @@ class TrainConfig(RunConfig):
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)  # tools and environments (multi-turn rollouts)
     log_samples_every: int = 10  # rollouts (8 groups) as MLflow artifacts: step 1, every N steps (0 = off)
     reward: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "train.rewards.math_reward.MathReward", "timeout_s": 3.0}
