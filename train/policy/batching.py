@@ -348,9 +348,16 @@ def plan_layout(
     return LAYOUTS[layout](prompt_ids, response_ids, token_budget, pad_id)
 
 
-def empty_micro_batch(pad_id: int) -> MicroBatch:
-    """One pad token with an all-zero response mask: contributes nothing, but runs FSDP's collectives."""
-    mb = collate([[pad_id]], [[pad_id]], [0], pad_id)
+def empty_micro_batch(pad_id: int, layout: str = "plain", dense_mask: bool = True) -> MicroBatch:
+    """One pad token with an all-zero response mask: contributes nothing, but runs FSDP's collectives.
+
+    Built in `layout`, as the real micro-batches are (a shared-prompt unit with its segments, a packed row
+    with no mask): a padding rank then takes the same attention path as its peers (FlexAttention's block
+    mask, the split SDPA, the packed mask from position ids), not a plain row with a 2-D mask."""
+    if layout == "shared":  # one unit (plan_shared would fall back to the plain layout for one row)
+        mb = collate_shared([[pad_id]], [[pad_id]], [[0]], pad_id, dense_mask)
+    else:
+        mb = plan_layout(layout, [[pad_id]], [[pad_id]], 2, pad_id)[0]()
     mb.rows = torch.zeros(0, dtype=torch.long)
     mb.response_mask.zero_()
     return mb

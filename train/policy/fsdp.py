@@ -261,7 +261,7 @@ class Policy:
         loop reaches it and dropped after its forward/backward, so the device holds one micro-batch's inputs
         at a time. FSDP's forward/backward are collectives: a rank that ran fewer micro-batches would hang
         the others, so the count is agreed before the first one and ranks with less data run masked-out
-        one-token batches (zero loss, zero gradient).
+        one-token batches in the same layout and attention path (zero loss, zero gradient).
         """
         dense = self.attn_implementation not in ("flex_attention", SPLIT_SDPA)
         builders = plan_layout(
@@ -271,7 +271,7 @@ class Policy:
         for build in builders:
             yield self._on_device(build())  # no reference kept here while the caller runs it
         for _ in range(target - len(builders)):
-            yield empty_micro_batch(self.pad_id).to(self.device)
+            yield self._on_device(empty_micro_batch(self.pad_id, self.layout, dense_mask=dense))
 
     def _on_device(self, mb: MicroBatch) -> MicroBatch:
         mb = mb.to(self.device)
