@@ -535,8 +535,41 @@ def validate(cfg: DictConfig) -> None:
             )
         )
     _fail_first(checks)
+    validate_env(cfg)
     validate_engine(cfg)
     validate_algorithm(cfg.algorithm, cfg.reward._target_, cfg)
+
+
+def validate_env(cfg: DictConfig) -> None:
+    """`env.*` (multi-turn rollouts): the tools and the interaction resolve, and the trajectories fit."""
+    from train.env import registry
+
+    if not registry.enabled(cfg.get("env")):
+        return
+    from train.components import check
+
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    try:  # short names resolved, then every component checked where it sits
+        tools = [registry.spec_of(e, registry.TOOLS, f"env.tools[{i}]") for i, e in enumerate(env["tools"])]
+        interaction = env["interaction"]
+        if interaction is not None:
+            interaction = registry.spec_of(interaction, registry.INTERACTIONS, "env.interaction")
+        check({"env": {"tools": tools, "interaction": interaction}})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.data.prompt_template is not None:
+        raise ConfigError(
+            f"env.tools / env.interaction need the chat template: data.prompt_template={cfg.data.prompt_template} "
+            "is plain text; set data.prompt_template=null"
+        )
+    budget = env["max_total_tokens"] or env["max_turns"] * cfg.rollout.max_new_tokens
+    max_len = cfg.rollout.engine.get("max_model_len")
+    if max_len is not None and cfg.data.max_prompt_tokens + budget > max_len:
+        raise ConfigError(
+            f"env: data.max_prompt_tokens={cfg.data.max_prompt_tokens} + a trajectory's {budget} response tokens "
+            f"(env.max_total_tokens, or env.max_turns x rollout.max_new_tokens) exceed rollout.engine.max_model_len="
+            f"{max_len}; raise max_model_len or lower env.max_total_tokens"
+        )
 
 
 def _validate_critic(cfg: DictConfig, has_critic: bool) -> None:

@@ -225,11 +225,14 @@ class AgentRollout:
         running: dict[str, Trajectory] = {}
         waiting: list[_Pending] = []
         busy = 0.0
+        max_len = getattr(self.engine, "max_model_len", None)
         while ready or running or waiting:
             hold = self.schedule == "sync" and (running or waiting)  # a turn-synchronous batch is in flight
             while ready and not hold:
                 t = ready.popleft()
                 room = budget - len(t.token_ids)
+                if max_len is not None:  # the engine's context: prompt, earlier turns and this one
+                    room = min(room, max_len - len(t.prompt_ids) - len(t.token_ids))
                 if room <= 0:
                     self._finish(t, "max_total_tokens")
                     continue

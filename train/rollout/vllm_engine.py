@@ -352,6 +352,7 @@ class VLLMEngine:
             raise
         self.tokenizer = self.llm.get_tokenizer()
         self._request_ids = itertools.count()
+        self.max_model_len = max_model_len  # prompt + response tokens of one request
         _LIVE_ENGINES.add(id(self))
 
     def _params(self, sampling: SamplingConfig, seed: int):
