@@ -15,6 +15,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.json_lines import describe, parse_line
+
 PAGE_MAX = 200  # samples per page, at most
 
 
@@ -130,6 +132,35 @@ def samples_of(suite: str, record: dict) -> list[dict]:
     ]
 
 
+LIST_FIELDS = ("answers", "generations", "classes", "ratings", "scores", "rm_scores")  # list or null
+GRADE_FIELDS = ("correct", "ratings", "scores", "rm_scores", "second_correct", "admits_mistake",
+                "piece_score")  # fmt: skip
+
+
+def _grade_ok(value) -> bool:
+    """A grade or score `samples_of` reads: null, a boolean, a text (read as none) or a number a float holds."""
+    if value is None or isinstance(value, (bool, str, float)):
+        return True
+    return isinstance(value, int) and abs(value) <= 2**1000
+
+
+def record_problem(record) -> str | None:
+    """Why a parsed line is not an eval record `samples_of` reads, naming the field; None: it is."""
+    if not isinstance(record, dict):
+        return f"is {describe(record)}, not an eval record (a JSON object)"
+    if "id" not in record:
+        return "has no field 'id': not an eval record"
+    for field in LIST_FIELDS:
+        if record.get(field) is not None and not isinstance(record[field], list):
+            return f"field {field!r} is {describe(record[field])}, not a list"
+    for field in GRADE_FIELDS:  # one grade, or one per answer
+        value = record.get(field)
+        bad = [v for v in (value if isinstance(value, list) else [value]) if not _grade_ok(v)]
+        if bad:
+            return f"field {field!r} holds {describe(bad[0])}, not a grade or score"
+    return None
+
+
 @dataclass(frozen=True)
 class Filters:
     """What the page asks for: wrong only, unparsed only, a score range, one dataset; None = any."""
@@ -185,13 +216,16 @@ class SampleIndex:
         return self
 
     def _add(self, line: bytes, offset: int, line_no: int) -> None:
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or "id" not in record:
-                raise ValueError("not a record with an id")
-            found = samples_of(self.suite, record)
-        except (ValueError, TypeError, AttributeError) as exc:
-            self.errors.append(f"{self.path}: line {line_no} skipped ({str(exc)[:80]})")
+        record, why = parse_line(line)
+        if why is None:
+            why = record_problem(record)
+        if why is None:
+            try:
+                found = samples_of(self.suite, record)
+            except Exception as exc:  # noqa: BLE001 - a record of a shape no check above foresaw
+                why = f"cannot be read ({type(exc).__name__}: {str(exc)[:80]})"
+        if why is not None:
+            self.errors.append(f"{self.path}: line {line_no} {why} (skipped)")
             return
         for s in found:
             key = (s["id"], s["k"])

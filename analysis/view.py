@@ -30,6 +30,7 @@ import webbrowser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from analysis.json_lines import json_safe
 from analysis.sample_index import Filters, compare
 from analysis.view_sources import EvalSamples, RunSamples, find_runs, with_prompts
 from evals.common.cli import DEFAULT_RESULTS_DIR
@@ -165,6 +166,10 @@ def _filters(q: dict[str, str]) -> Filters:
     )
 
 
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).strip("'\"").splitlines() or [""])[0][:300]
+
+
 def make_handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -180,8 +185,10 @@ def make_handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
             try:
                 body, status = viewer.api(url.path, q), 200
             except (KeyError, ValueError, OSError) as exc:
-                body, status = {"error": str(exc).strip("'\"").splitlines()[0][:300]}, 400
-            self._send(status, json.dumps(body, default=str).encode(), "application/json")
+                body, status = {"error": _one_line(exc)}, 400
+            except Exception as exc:  # noqa: BLE001 - every request gets an answer, never a dropped connection
+                body, status = {"error": f"{url.path}: {type(exc).__name__}: {_one_line(exc)}"}, 500
+            self._send(status, json.dumps(json_safe(body), default=str).encode(), "application/json")
 
         def _send(self, status: int, body: bytes, ctype: str) -> None:
             self.send_response(status)

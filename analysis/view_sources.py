@@ -8,12 +8,12 @@ for the page; what can be read is still shown.
 
 from __future__ import annotations
 
-import json
 import threading
 import urllib.parse
 from collections import Counter
 from pathlib import Path
 
+from analysis.json_lines import describe, parse_line
 from analysis.sample_index import SampleIndex
 from infra.tracking import SAMPLES_ARTIFACT_DIR
 
@@ -145,25 +145,49 @@ def class_key(response: dict) -> str:
 
 
 def _read_jsonl(path: Path, where: str) -> tuple[list[dict], list[str]]:
-    """The records of one logged step; `prompt_key` tells repeated prompts apart (text, then "(#n)")."""
+    """The records of one logged step; `prompt_key` tells repeated prompts apart (text, then "(#n)").
+    A line that is not a samples record is skipped with one line naming it and its field."""
     records, errors = [], []
     seen: Counter[str] = Counter()
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            r = json.loads(line)
-            if not isinstance(r, dict) or not isinstance(r.get("responses"), list) or "step" not in r:
-                raise ValueError("not a samples record")
-            r.setdefault("prompt", "")
-            r.setdefault("group", 0)
-            # the n-th group of a prompt the data holds several times (same order at every step)
-            r["prompt_key"] = r["prompt"] + (f" (#{seen[r['prompt']] + 1})" if seen[r["prompt"]] else "")
-            seen[r["prompt"]] += 1
-            records.append(r)
-        except (ValueError, TypeError):
-            errors.append(f"{where}: line {n} is not a samples record (skipped)")
+        r, why = parse_line(line)
+        if why is None:
+            why = _record_problem(r)
+        if why is not None:
+            errors.append(f"{where}: line {n} {why} (skipped)")
+            continue
+        r.setdefault("prompt", "")
+        r.setdefault("group", 0)
+        # the n-th group of a prompt the data holds several times (same order at every step)
+        r["prompt_key"] = r["prompt"] + (f" (#{seen[r['prompt']] + 1})" if seen[r["prompt"]] else "")
+        seen[r["prompt"]] += 1
+        records.append(r)
     return records, errors
+
+
+def _record_problem(r) -> str | None:
+    """Why a parsed line is not a samples record (train/samples.py), naming the field; None: it is."""
+    if not isinstance(r, dict):
+        return f"is {describe(r)}, not a samples record (a JSON object)"
+    if "step" not in r:
+        return "has no field 'step': not a samples record"
+    for field, default in (("step", 0), ("group", 0)):
+        value = r.get(field, default)
+        if not isinstance(value, int) or isinstance(value, bool) or abs(value) > 2**53:
+            return f"field {field!r} is {describe(value)}, not a {field} number"
+    if not isinstance(r.get("prompt", ""), str):
+        return f"field 'prompt' is {describe(r['prompt'])}, not a text"
+    responses = r.get("responses")
+    if not isinstance(responses, list):
+        return f"field 'responses' is {describe(responses)}, not a list of responses"
+    for i, response in enumerate(responses):
+        if not isinstance(response, dict):
+            return f"field 'responses' item {i} is {describe(response)}, not a response (a JSON object)"
+        if not isinstance(response.get("text", ""), str):
+            return f"field 'responses' item {i}'s 'text' is {describe(response['text'])}, not a text"
+    return None
 
 
 def find_runs(
@@ -279,10 +303,12 @@ class EvalSamples:
 
 
 def _summary(path: Path) -> dict:
+    """An eval's summary.json (run id, step, items shown beside its name); {} when unreadable or damaged."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        summary, _ = parse_line(path.read_text(errors="replace"))
+    except OSError:
         return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _run_link(run_id: str | None, uri: str | None) -> str | None:

@@ -54,7 +54,7 @@ def test_index_follows_a_growing_file_and_reports_bad_lines(tmp_path):
         )  # the last line still being written
     idx.refresh()
     assert len(idx.entries) == 3 and idx.errors == [
-        f"{path}: line 2 skipped (Expecting value: line 1 column 1 (char 0))"
+        f"{path}: line 2 is not JSON (Expecting value at column 1) (skipped)"
     ]
     with path.open("a") as f:
         f.write('", "responses": ["x"], "answers": ["x"], "correct": [1.0]}\n')
@@ -188,7 +188,7 @@ def test_api_says_in_one_line_what_is_missing_or_bad(viewer_server, tmp_path):
         "log_samples_every=0, val_every=0)"
     ]
     page = get(base, "/api/evals", eval="darling-step_30/math")
-    assert page["total"] == 60 and len(page["errors"]) == 1 and "line 31 skipped" in page["errors"][0]
+    assert page["total"] == 60 and len(page["errors"]) == 1 and "line 31 is not JSON" in page["errors"][0]
     with pytest.raises(urllib.error.HTTPError) as bad:
         get(base, "/api/evals", eval="nope/math")
     assert bad.value.code == 400

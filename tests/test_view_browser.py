@@ -105,7 +105,7 @@ def test_viewer_pages_render_and_filter_in_chromium(browser, viewer_server, tmp_
     assert browser.console == []
     errors = browser.eval("[...document.querySelectorAll('#errors div')].map(d => d.textContent)")
     assert (
-        len(errors) == 1 and "darling-step_30/math/samples.jsonl: line 31 skipped" in errors[0]
+        len(errors) == 1 and "darling-step_30/math/samples.jsonl: line 31 is not JSON" in errors[0]
     )  # the torn line
 
 
@@ -129,7 +129,8 @@ def test_bad_or_missing_artifacts_are_one_line_each_on_the_page(browser, tmp_pat
         ]
         assert (
             lines[2]
-            == "run combine=quality seed 1: val/000010.jsonl: line 2 is not a samples record (skipped)"
+            == "run combine=quality seed 1: val/000010.jsonl: line 2 is not JSON (Expecting property name "
+            "enclosed in double quotes at column 2) (skipped)"
         )
         assert (
             browser.eval("document.querySelectorAll('#collapse-table tr').length") == 3
