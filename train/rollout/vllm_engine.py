@@ -399,12 +399,12 @@ class VLLMEngine:
                 "multi-turn rollouts with tensor_parallel_size > 1 are not supported yet"
             )
         self._wake()
-        return self.llm.llm_engine.add_request(
-            f"turn-{next(self._request_ids)}",
-            {"prompt_token_ids": list(prompt_ids)},
-            self._params(sampling, seed),
+        request_id = f"turn-{next(self._request_ids)}"  # what its RequestOutput is named by
+        self.llm.llm_engine.add_request(
+            request_id, {"prompt_token_ids": list(prompt_ids)}, self._params(sampling, seed),
             lora_request=self.lora_request,
-        )
+        )  # fmt: skip
+        return request_id
 
     def step(self) -> list[TurnOutput]:
         """One engine iteration over every queued request; the requests that finished in it."""
