@@ -64,6 +64,7 @@ from infra.checkpoint_layout import (
     step_name,
     step_of,
 )
+from train.launch.preempt import preempted_in
 
 
 class CheckpointError(RuntimeError):
@@ -206,6 +207,9 @@ def save_checkpoint(run_dir: str | Path, step: int, *args, **kwargs) -> Path | N
     try:
         path, failure = _write_checkpoint(run_dir, step, *args, **kwargs), None
     except BaseException as exc:  # DCP's CheckpointException is a BaseException; every rank must agree
+        stop = preempted_in(exc)
+        if stop is not None:  # abandoned past the preemption budget: the run ends preempted (KILLED)
+            raise stop from None
         path, failure = None, _save_failure(exc, checkpoints_root(run_dir))
         if failure is None:
             raise
@@ -292,6 +296,7 @@ def _write_checkpoint(
     from train.policy.distributed import all_gather_objects, barrier, io_group
     from train.policy.sharded_state import export_adapter, export_hf, save_sharded
 
+    started = time.monotonic()
     group = io_group()  # the ranks wait for rank 0's file work here (gloo, I/O timeout), never in NCCL
     rngs = all_gather_objects(rng_state(), group=group)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -318,7 +323,8 @@ def _write_checkpoint(
         if critic is not None:
             schedulers["critic_scheduler"] = critic.scheduler.state_dict()
         torch.save({**schedulers, "rng": rngs, **trainer_state}, tmp / TRAINER_STATE)
-        meta = {"step": step, "time": time.time(), "world_size": len(rngs), "hf_dtype": hf_dtype}
+        meta = {"step": step, "time": time.time(), "world_size": len(rngs), "hf_dtype": hf_dtype,
+                "save_s": round(time.monotonic() - started, 3)}  # fmt: skip
         meta.update({k: v for k, v in trainer_state.items() if isinstance(v, (int, float, str))})
         _commit(tmp, final, meta, fsync=fsync)
         _atomic_write(root / LATEST, final.name, fsync=fsync)

@@ -212,7 +212,7 @@ class RunConfig:
     checkpoint_on_preempt: bool = True  # SIGTERM/SIGUSR2 (preemption, scancel, time limit): checkpoint, exit
     preempt_grace_s: float = checked(
         20.0, ">= 0", lambda x: x >= 0, note="0 = no limit"
-    )  # after such a signal, abandon a step still running this long (0 = wait)
+    )  # budget from such a signal to the exit, step then save: past it the step (then the save) is abandoned
     val_every: int = checked(
         0, ">= 0", lambda n: n >= 0, note="0 = off"
     )  # held-out validation before training, every N steps and at the end, val/* (0 = off)

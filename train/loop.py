@@ -11,9 +11,10 @@ run wrapper that marks a crashed run FAILED. A method supplies only what differs
 - `one_line(step, metrics)`, `kind`, `progress_metric`, `examples_per_step`.
 
 Preemption (SIGTERM, SIGUSR2: train/launch/preempt.py): the step running when the signal comes finishes
-(past `preempt_grace_s` it is abandoned), a checkpoint is written (`checkpoint_on_preempt`), the MLflow
-run is marked KILLED with a note (a requeued or resumed job reopens the same run and continues it) and
-`Preempted` ends the run.
+(or the save running then), a checkpoint is written (`checkpoint_on_preempt`), the MLflow run is marked
+KILLED with a note (a requeued or resumed job reopens the same run and continues it) and `Preempted` ends
+the run. `preempt_grace_s` bounds the whole exit: the step is abandoned when what is left of it would not
+leave the last save's measured time for the save, and a save still running at the end is abandoned too.
 """
 
 from __future__ import annotations
@@ -183,8 +184,12 @@ class TrainingLoop:
         )
         validating = bool(cfg.val_every) and self.has_validation()
         last: dict[str, float] = {}
-        with PreemptWatch(grace_s=float(cfg.preempt_grace_s or 0), say=self.print) as watch:
+        grace_s = float(cfg.preempt_grace_s or 0)
+        with PreemptWatch(grace_s=grace_s, say=self.print, save_s=self._last_save_s()) as watch:
             watch.step = self.start_step
+            warned = watch.budget_warning()
+            if warned:
+                self.print(warned)
             if validating and self.start_step == 0:  # the starting model's figures, at step 0
                 self.tracker.log_metrics(self._validate(0), 0)
             for step in range(self.start_step + 1, cfg.total_steps + 1):
@@ -202,10 +207,16 @@ class TrainingLoop:
                     write_progress(self.run_dir, step, cfg.total_steps, last)
                 saved = None
                 if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.total_steps:
-                    saved = self.save(step, required=step == cfg.total_steps or bool(stop))
+                    with watch.saving():
+                        saved = self.save(step, required=step == cfg.total_steps or bool(stop))
+                    if not stop and step < cfg.total_steps:  # a signal during the save: no further step
+                        stop = watch.agreed_request()
+                    if not warned and (warned := watch.budget_warning()):
+                        self.print(warned)
                 if stop:
                     if saved is None and cfg.checkpoint_on_preempt:
-                        saved = self.save(step, required=True)
+                        with watch.saving():
+                            saved = self.save(step, required=True)
                     raise Preempted(stop, step, checkpoint=str(saved) if saved else None,
                                     received_at=watch.received_at)  # fmt: skip
         self.tracker.finish("FINISHED")
@@ -241,6 +252,16 @@ class TrainingLoop:
             self.tracker.record_checkpoint(step, path.resolve())
             self.print(f"checkpoint {path}")
         return path
+
+    def _last_save_s(self) -> float:
+        """How long the checkpoint resumed from took to save (its meta.json; 0 when unknown)."""
+        if self.latest_checkpoint is None:
+            return 0.0
+        try:
+            value = layout.read_meta(self.latest_checkpoint).get("save_s", 0.0)
+            return float(value) if isinstance(value, (int, float)) else 0.0
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return 0.0
 
     def print(self, msg: str) -> None:
         if self.rank == 0:

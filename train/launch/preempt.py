@@ -4,8 +4,9 @@ Slurm sends SIGTERM on preemption, `scancel`, `scontrol requeue` and at the time
 after its KillWait, 30 s by default), and submitit asks for SIGUSR2 `signal_delay_s` before the time
 limit (its hook then checkpoints and requeues the job). Either signal, handled once:
 
-- a single-process run: the training loop's `PreemptWatch` notes it; the current step finishes (or, past
-  `preempt_grace_s`, is abandoned), a checkpoint is written (`checkpoint_on_preempt`), the loop raises
+- a single-process run: the training loop's `PreemptWatch` notes it; the current step finishes (or is
+  abandoned, leaving the last save's time out of the `preempt_grace_s` budget for the save), a checkpoint
+  is written (`checkpoint_on_preempt`; abandoned too when still running at the budget), the loop raises
   `Preempted`, the MLflow run is marked KILLED (a requeued job reopens it: the same run goes on), and
   the caller exits (`python -m train`: status 128 + signal; a sweep job: submitit's USR2 hook requeues).
 - several ranks under torchrun (`train/launch/ranks.py`): the launcher handles the signal. torchrun and
@@ -36,13 +37,20 @@ OUTCOME = "outcome.json"
 class Preempted(BaseException):
     """A run stopped on a preemption signal (a BaseException, as KeyboardInterrupt: an abandoned step
     may be inside code that catches Exception). `checkpoint`: the step folder written on the way out
-    (None: none was due or it was abandoned); `step`: the last step completed."""
+    (None: none was due or it was abandoned); `step`: the last step completed; `saving`: abandoned
+    during the save of `step` (else during the step after it). It survives pickling: code it crosses
+    (torch.distributed.checkpoint gathers the ranks' exceptions) may copy it."""
 
     def __init__(self, signame: str, step: int, checkpoint: str | None = None, abandoned: bool = False,
-                 received_at: float | None = None) -> None:  # fmt: skip
+                 received_at: float | None = None, saving: bool = False) -> None:  # fmt: skip
         self.signame, self.step, self.checkpoint, self.abandoned = signame, step, checkpoint, abandoned
         self.received_at = received_at if received_at is not None else time.time()
+        self.saving = saving
         super().__init__(self.describe())
+
+    def __reduce__(self):  # BaseException's would call __init__ with the message alone
+        return (Preempted, (self.signame, self.step, self.checkpoint, self.abandoned, self.received_at,
+                            self.saving))  # fmt: skip
 
     @property
     def signum(self) -> int:
@@ -50,21 +58,39 @@ class Preempted(BaseException):
 
     def describe(self) -> str:
         if self.abandoned:
-            return (
-                f"{self.signame}: the step after {self.step} abandoned, no checkpoint written on the way out"
-            )
+            what = f"the save of step {self.step}" if self.saving else f"the step after {self.step}"
+            return f"{self.signame}: {what} abandoned, no checkpoint written on the way out"
         saved = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint due"
         return f"{self.signame}: stopped after step {self.step}, {saved}"
 
     def as_dict(self) -> dict:
         return {"signal": self.signame, "step": self.step, "checkpoint": self.checkpoint,
-                "abandoned": self.abandoned, "received_at": self.received_at, "exited_at": time.time()}  # fmt: skip
+                "abandoned": self.abandoned, "received_at": self.received_at, "exited_at": time.time(),
+                "saving": self.saving}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> Preempted:
-        return cls(
-            d["signal"], int(d["step"]), d.get("checkpoint"), bool(d.get("abandoned")), d.get("received_at")
-        )
+        return cls(d["signal"], int(d["step"]), d.get("checkpoint"), bool(d.get("abandoned")),
+                   d.get("received_at"), bool(d.get("saving")))  # fmt: skip
+
+
+def preempted_in(exc: BaseException) -> Preempted | None:
+    """The `Preempted` inside `exc` (itself, its cause or context, or one of the per-rank failures
+    torch.distributed.checkpoint's CheckpointException carries), or None: a save abandoned past the
+    budget ends the run as preempted, not as failed."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, Preempted):
+            return e
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # rank -> (exception, its stack summary)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+    return None
 
 
 def signame(signum: int) -> str:
@@ -76,15 +102,19 @@ class PreemptWatch:
     restored on exit). A signal the launcher handles (inherited as ignored, with a control folder) is
     left ignored; the launcher's request arrives through the control folder instead.
 
-    `grace_s` > 0: that long after the signal, the step still running is abandoned (`Preempted` raised
-    where the main thread is) so the process exits before the scheduler's SIGKILL; `disarm()` first
-    when the step ended in time."""
+    `grace_s` > 0 is the whole exit's budget, from the signal to the end of the checkpoint written on the
+    way out, so the process exits before the scheduler's SIGKILL: the step still running is abandoned
+    (`Preempted` raised where the main thread is) `grace_s - save_s` after the signal, leaving the last
+    save's measured time `save_s` for the save (`disarm()` when the step ended in time), and a save
+    (inside `saving()`) still running `grace_s` after the signal is abandoned too."""
 
-    def __init__(self, grace_s: float = 0.0, say: Callable[[str], None] = print) -> None:
+    def __init__(self, grace_s: float = 0.0, say: Callable[[str], None] = print, save_s: float = 0.0) -> None:
         self.grace_s, self.say = grace_s, say
+        self.save_s = save_s  # the last save's duration (measured by `saving`, or a checkpoint's meta.json)
         self.signum: int | None = None
         self.received_at: float | None = None
         self.step = 0  # the last step completed (for an abandoned step's report)
+        self._saving = False
         self.control = Path(os.environ[CONTROL_DIR_ENV]) if os.environ.get(CONTROL_DIR_ENV) else None
         self._previous: dict[int, object] = {}
 
@@ -109,22 +139,54 @@ class PreemptWatch:
         if self.signum is not None:
             return  # handled once (Slurm's requeue sends SIGTERM after submitit's USR2)
         self.signum, self.received_at = signum, time.time()
-        bound = f" (at most {self.grace_s:g} s)" if self.grace_s > 0 else ""
-        self.say(
-            f"{signame(signum)} received: finishing step {self.step + 1}{bound}, then checkpoint and exit"
+        step_s = self.grace_s if self._saving else self.grace_s - self.save_s
+        what = f"the save of step {self.step}" if self._saving else f"step {self.step + 1}"
+        bound = (
+            f" (at most {max(step_s, 0):.3g} s of a {self.grace_s:g} s budget)" if self.grace_s > 0 else ""
         )
+        self.say(f"{signame(signum)} received: finishing {what}{bound}, then checkpoint and exit")
         if self.grace_s > 0:
             self._previous.setdefault(signal.SIGALRM, signal.getsignal(signal.SIGALRM))
             signal.signal(signal.SIGALRM, self._abandon)
-            signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+            self._arm(step_s)
+
+    def _arm(self, seconds: float) -> None:
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))  # 0 would disarm
 
     def _abandon(self, signum: int, frame) -> None:
         raise Preempted(signame(self.signum or signal.SIGTERM), self.step, abandoned=True,
-                        received_at=self.received_at)  # fmt: skip
+                        received_at=self.received_at, saving=self._saving)  # fmt: skip
 
     def disarm(self) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """Around a checkpoint save: after a signal it may run to the end of the budget (the step's own
+        deadline left it `save_s`); its duration becomes `save_s`."""
+        self._saving, start = True, time.monotonic()
+        if (
+            self.received_at is not None
+            and self.grace_s > 0
+            and threading.current_thread() is threading.main_thread()
+        ):
+            self._arm(self.received_at + self.grace_s - time.time())
+        try:
+            yield
+        finally:
+            self._saving = False
+            self.disarm()
+            self.save_s = time.monotonic() - start
+
+    def budget_warning(self) -> str | None:
+        """One line when the last save took longer than the whole exit's budget (None: it fits)."""
+        if self.grace_s <= 0 or self.save_s <= self.grace_s:
+            return None
+        return (f"warning: the last checkpoint save took {self.save_s:.1f} s, more than preempt_grace_s="
+                f"{self.grace_s:g} s, the budget from a preemption signal to the exit: a preemption will end "
+                "without a checkpoint; raise preempt_grace_s (within the scheduler's KillWait or "
+                "signal_delay_s) or save less (save_hf_dtype=bfloat16)")  # fmt: skip
 
     def local_request(self) -> str | None:
         """This process' signal, else the launcher's request (a signal name), else None."""
