@@ -14,5 +14,5 @@ class StandInPolicy:
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 
-    def full_weights(self):
-        return self.model.named_parameters()
+    def full_weights(self, dtype=None):
+        return ((n, p if dtype is None else p.to(dtype)) for n, p in self.model.named_parameters())

@@ -14,6 +14,7 @@ from train.plan import (
     memory,
     problems,
     step_flops,
+    sync_seconds,
 )
 
 TINY = Arch(hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True)
@@ -182,3 +183,18 @@ def test_cli_plans_darling_paper_with_lora(capsys):
     assert main(["experiment=darling_math", "preset=paper", "gpu=h100", "policy.lora.rank=16"]) in (0, 1)
     out = capsys.readouterr().out
     assert "LoRA: frozen base, bf16" in out and "(the LoRA adapter, fp32)" in out
+
+
+def test_weight_sync_time_by_hand(capsys):
+    """A ring all-gather brings each of W ranks (W-1)/W of the bytes over NVLink; cpu_offload adds each
+    rank's 1/W share over PCIe; the engine reads and writes them in HBM."""
+    spec = {"nvlink_gbps": 100.0, "pcie_gbps": 10.0, "hbm_tbps": 1.0}
+    sync = sync_seconds(_workload(world_size=4), 8e9, spec)
+    assert sync["gather_s"] == pytest.approx(3 / 4 * 8e9 / 100e9)
+    assert sync["host_s"] == 0.0 and sync["engine_s"] == pytest.approx(2 * 8e9 / 1e12)
+    offloaded = sync_seconds(_workload(world_size=4, cpu_offload=True), 8e9, spec)
+    assert offloaded["host_s"] == pytest.approx(8e9 / 4 / 10e9)
+    assert offloaded["total_s"] == pytest.approx(0.06 + 0.2 + 0.016)
+    main(["experiment=darling_math", "preset=paper", "gpu=h100", "policy.cpu_offload=true"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("weight sync per step"))
+    assert " s at datasheet rates" in line and "host->GPU over PCIe" in line

@@ -60,11 +60,16 @@ GIB = 2**30
 
 # usable memory as the driver reports it (nvidia-smi MiB), dense bf16 tensor-core peak and HBM bandwidth
 # (NVIDIA datasheets, SXM: H100 3.35 TB/s HBM3, H200 4.8 TB/s HBM3e, A100 80GB 2.039 TB/s HBM2e)
+# and the links a weight sync crosses, one direction: NVLink (H100/H200 SXM 900 GB/s, A100 600 GB/s, both
+# ways) and the host's PCIe x16 (Gen5 128 GB/s, Gen4 64 GB/s, both ways)
 GPUS = {
-    "h100": {"memory_gib": 81559 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9, "hbm_tbps": 3.35},
-    "h200": {"memory_gib": 143771 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9, "hbm_tbps": 4.8},
-    "a100-80g": {"memory_gib": 81920 / 1024, "bf16_tflops": 312.0, "fp32_tflops": 19.5, "hbm_tbps": 2.039},
-}
+    "h100": {"memory_gib": 81559 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9, "hbm_tbps": 3.35,
+             "nvlink_gbps": 450.0, "pcie_gbps": 64.0},
+    "h200": {"memory_gib": 143771 / 1024, "bf16_tflops": 989.4, "fp32_tflops": 66.9, "hbm_tbps": 4.8,
+             "nvlink_gbps": 450.0, "pcie_gbps": 64.0},
+    "a100-80g": {"memory_gib": 81920 / 1024, "bf16_tflops": 312.0, "fp32_tflops": 19.5, "hbm_tbps": 2.039,
+                 "nvlink_gbps": 300.0, "pcie_gbps": 32.0},
+}  # fmt: skip
 # Share of the HBM bandwidth a decode step streams at (weights + the KV cache it reads). An assumption, not a
 # measurement: memory-bound kernels reach ~60-80% of peak; `decode_bw=` overrides it.
 DECODE_BW_EFFICIENCY = 0.6
@@ -336,6 +341,17 @@ def generation_time(
     }  # fmt: skip
 
 
+def response_budget(cfg) -> int:
+    """Response tokens per sample: rollout.max_new_tokens, or with tools / an environment (env.*) the whole
+    multi-turn trajectory's budget, model and environment turns together (what the update trains on)."""
+    from train.env.registry import enabled
+
+    env = cfg.get("env")
+    if not enabled(env):
+        return int(cfg.rollout.max_new_tokens)
+    return int(env.get("max_total_tokens") or env.get("max_turns", 4) * cfg.rollout.max_new_tokens)
+
+
 def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload:
     algo, pol, r = cfg.algorithm, cfg.policy, cfg.rollout
     mini = algo.ppo_mini_batch_size or cfg.data.prompts_per_step
@@ -347,7 +363,7 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
         samples_per_step=cfg.data.prompts_per_step * r.n,
         n=r.n,
         prompt_tokens=plan_prompt_tokens or max(1, cfg.data.max_prompt_tokens // 2),
-        response_tokens=r.max_new_tokens,
+        response_tokens=response_budget(cfg),
         micro_batch_tokens=pol.micro_batch_tokens,
         updates_per_step=updates,
         epochs=algo.ppo_epochs,
@@ -500,6 +516,7 @@ def report(
     t_update = flops["update"] / (w.world_size * peak * mfu)
     gen = generation_time(arch, w, mem, spec, decode_bw, mfu)
     t_gen = gen["total_s"]
+    sync = sync_seconds(w, mem["weight_sync"] * GIB, spec)
     kv_tokens = gen["kv_tokens"]
     act = (
         "activations with checkpointing" if w.gradient_checkpointing else "activations without checkpointing"
@@ -589,7 +606,10 @@ def report(
         f"KV-bound) = {t_update + t_gen:.3g} s ({(t_update + t_gen) * cfg.total_steps / 3600:.3g} h for "
         f"{cfg.total_steps} steps)",
         f"weight sync per step: {mem['weight_sync'] * GIB / 1e6:,.1f} MB "
-        + ("(the LoRA adapter, fp32)" if w.lora_rank else "(every weight, bf16)"),
+        + ("(the LoRA adapter, fp32)" if w.lora_rank else "(every weight, bf16)")
+        + f", {sync['total_s']:.2g} s at datasheet rates (all-gather over NVLink {sync['gather_s']:.2g} s"
+        + (f", host->GPU over PCIe {sync['host_s']:.2g} s under cpu_offload" if sync["host_s"] else "")
+        + f", engine copy {sync['engine_s']:.2g} s; not in the step time above)",
         at_risk_line(cfg.get("save_every", 0), t_update + t_gen, cfg.total_steps),
     ]
     bad = problems(arch, w, mem, spec["memory_gib"])
@@ -598,6 +618,24 @@ def report(
     lines += [f"DOES NOT FIT: {p}" for p in bad] if bad else ["fits"]
     lines += [f"CANNOT START: {p}" for p in blocked]
     return "\n".join(lines), not bad and not blocked
+
+
+def sync_seconds(w: Workload, sync_bytes: float, spec: dict) -> dict[str, float]:
+    """Seconds of one weight sync at the datasheet link rates (a floor: no launch or engine overheads).
+
+    Each parameter is gathered in the engine's dtype by NCCL (Policy.full_weights): a ring all-gather
+    brings every rank the (W-1)/W of the bytes it lacks over NVLink; under `policy.cpu_offload` each rank
+    first copies its 1/W share of the shards from the host over PCIe; the engine then copies the bytes
+    into its own weights in HBM (read and write)."""
+    W = w.world_size
+    offloaded = w.cpu_offload and not w.lora_rank
+    out = {
+        "gather_s": (W - 1) / W * sync_bytes / (spec["nvlink_gbps"] * 1e9),
+        "host_s": sync_bytes / W / (spec["pcie_gbps"] * 1e9) if offloaded else 0.0,
+        "engine_s": 2 * sync_bytes / (spec["hbm_tbps"] * 1e12),
+    }
+    out["total_s"] = sum(out.values())
+    return out
 
 
 def at_risk_line(save_every: int, step_s: float, total_steps: int) -> str:

@@ -350,22 +350,31 @@ class Policy:
         return self.optimizer.param_groups[0]["lr"] if self.optimizer else 0.0
 
     # ---- weights out / in ----------------------------------------------------------------------
-    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def full_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Unsharded parameters one at a time (every rank gets each tensor), HF names, tied ones once.
-        Under LoRA: the base model's weights with the adapters merged in (W + alpha/r * B A, fp32)."""
+        Under LoRA: the base model's weights with the adapters merged in (W + alpha/r * B A, in fp32).
+
+        `dtype` (the engine's, e.g. bf16): each rank casts its shard on its compute device, then the ranks
+        gather that, so a sync moves and holds one parameter in the engine's dtype at a time. Under
+        `cpu_offload` the shards live on the host: gathering them there in fp32 sent 4 bytes a weight
+        through gloo (~16 GB a sync for a 4B model); each shard now goes to the GPU in `dtype` and is gathered
+        by NCCL. None: the stored dtype, where the shards are (checkpoints, exact comparisons)."""
         seen: set[int] = set()
         adapted = dict(self._adapted_modules()) if self.lora.enabled else {}
+        where = self.device if dtype is not None else None
         for name, param in self.model.named_parameters():
             if id(param) in seen or is_adapter(name):
                 continue
             seen.add(id(param))
-            tensor = _full(param)
             owner = name.rsplit(".", 2)[0] if name.endswith(".base_layer.weight") else None
-            if owner in adapted:
+            if owner in adapted:  # merged in fp32 (the adapters' dtype), then cast
                 module = adapted[owner]
-                a = _full(module.lora_A[ADAPTER_NAME].weight)
-                b = _full(module.lora_B[ADAPTER_NAME].weight)
-                tensor = merge_into(tensor, a, b, self.lora.scaling)
+                a = _full(module.lora_A[ADAPTER_NAME].weight, where=where)
+                b = _full(module.lora_B[ADAPTER_NAME].weight, where=where)
+                tensor = merge_into(_full(param, where=where), a, b, self.lora.scaling)
+                tensor = tensor if dtype is None else tensor.to(dtype)
+            else:
+                tensor = _full(param, dtype, where)
             yield hf_name(name), tensor.detach()
 
     def _adapted_modules(self) -> Iterator[tuple[str, torch.nn.Module]]:
@@ -411,8 +420,21 @@ class Policy:
         self.scheduler.load_state_dict(scheduler_state)
 
 
-def _full(param: torch.Tensor) -> torch.Tensor:
-    return param.full_tensor() if isinstance(param, DTensor) else param
+def _full(
+    param: torch.Tensor, dtype: torch.dtype | None = None, where: torch.device | None = None
+) -> torch.Tensor:
+    """The whole of a (sharded) parameter on every rank: each rank's shard first moved to `where` and cast
+    to `dtype` (both: as stored when None), so the gather moves those bytes over that device's backend."""
+    if not isinstance(param, DTensor):
+        return param.to(device=where or param.device, dtype=dtype or param.dtype)
+    if dtype is None and where is None:
+        return param.full_tensor()
+    local = param.to_local()
+    local = local.to(device=where or local.device, dtype=dtype or local.dtype)
+    shard = DTensor.from_local(
+        local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+    )
+    return shard.full_tensor()
 
 
 class FrozenBase:

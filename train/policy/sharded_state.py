@@ -110,7 +110,7 @@ def export_hf(
     owner = _owners(policy, tied, world)
     shard: dict[str, torch.Tensor] = {}
     shard_bytes, files, weight_map = 0, [], {}
-    for name, full in policy.full_weights():  # collective: each parameter gathered alone
+    for name, full in policy.full_weights(torch_dtype):  # collective: each parameter gathered alone, in dtype
         if owner.get(name) != rank:
             continue
         tensor = full.detach().to(device="cpu", dtype=torch_dtype).contiguous()

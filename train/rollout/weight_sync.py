@@ -4,7 +4,8 @@ weight (merged with the adapters under LoRA), streamed one gathered tensor at a 
 Why: a rank-16 adapter of a 1.5B model is ~1% of its bytes; vLLM serves it beside the base weights it
 already holds (`enable_lora`, one `LoRARequest` per generate), so each step moves only the adapter.
 An engine without adapter support (`takes_adapters` false: the HF engine, vLLM started without
-`lora_rank`) gets merged weights through `update_weights`, as full fine-tuning does. The path taken and
+`lora_rank`) gets merged weights through `update_weights`, as full fine-tuning does, each parameter gathered
+in the engine's dtype (under `policy.cpu_offload` on the GPU, not as fp32 on the host). The path taken and
 the bytes moved are returned as figures (`rollout/weight_sync_adapter`, `perf/weight_sync_bytes`).
 """
 
@@ -37,7 +38,9 @@ def sync_weights(policy, engine) -> dict[str, float]:
         engine.load_adapter(tensors, policy.lora, policy.model_path)
         return {"rollout/weight_sync_adapter": 1.0, "perf/weight_sync_bytes": float(size)}
     dtype = getattr(engine, "weight_dtype", getattr(engine, "dtype", None))
-    counted = _Counted(policy.full_weights(), dtype if isinstance(dtype, torch.dtype) else None)
+    dtype = dtype if isinstance(dtype, torch.dtype) else None
+    # gathered in the engine's dtype, one parameter at a time (Policy.full_weights: never the fp32 model)
+    counted = _Counted(policy.full_weights(dtype), dtype)
     engine.update_weights(counted)
     return {"rollout/weight_sync_adapter": 0.0, "perf/weight_sync_bytes": float(counted.bytes)}
 
