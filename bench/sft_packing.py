@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         model = resolve_model_path(args.model)
     tok = AutoTokenizer.from_pretrained(model)
     rows = sft_rows(args.batch * args.steps, seed=1)
-    prompts, responses, _, _ = encode_examples(tok, rows, 512)
+    prompts, responses, _, _, _ = encode_examples(tok, rows, 512)
     blocks, masks = pack_documents(prompts, responses, tok.eos_token_id, args.block_size)
     step_tokens = statistics.fmean(len(p) + len(r) for p, r in zip(prompts, responses)) * args.batch
     blocks_per_step = max(1, round(step_tokens / (args.block_size + 1)))

@@ -62,6 +62,26 @@ def _arithmetic_pairs(size: int, seed: int, split: str) -> list[dict]:
     return arithmetic_pairs(size, seed, split=split)
 
 
+def _tool_math(size: int, seed: int, split: str) -> list[dict]:
+    """Products and long sums needing a calculator (experiments/tool_math.yaml)."""
+    from data_prep.tool_math import prompt_rows
+
+    return prompt_rows(size, seed, split)
+
+
+def _tool_math_chain(size: int, seed: int, split: str) -> list[dict]:
+    """A price looked up, then multiplied: two tool calls in sequence."""
+    from data_prep.tool_math import prompt_rows
+
+    return prompt_rows(size, seed, split, ("chain",))
+
+
+def _sft_tool_math(size: int, seed: int, split: str) -> list[dict]:
+    from data_prep.tool_math import sft_rows
+
+    return sft_rows(size, seed, split)
+
+
 # name -> (kind, generator(size, seed, split))
 BUILTINS: dict[str, tuple[str, Callable[[int, int, str], list[dict]]]] = {
     "arithmetic": ("prompts", _arithmetic),
@@ -70,6 +90,9 @@ BUILTINS: dict[str, tuple[str, Callable[[int, int, str], list[dict]]]] = {
     "multi_answer": ("prompts", _multi_answer),
     "multi_answer_spread": ("prompts", _multi_answer_spread),
     "sft_math": ("sft", _sft_math),
+    "tool_math": ("prompts", _tool_math),
+    "tool_math_chain": ("prompts", _tool_math_chain),
+    "sft_tool_math": ("sft", _sft_tool_math),
     "arithmetic_pairs": ("pairs", _arithmetic_pairs),
 }
 KIND_NAMES = {"prompts": "prompt", "sft": "SFT", "pairs": "preference"}

@@ -5,7 +5,8 @@ A dataset is a Parquet file whose rows have exactly these four columns:
 - ``data_source: str`` -- where the row comes from ("arithmetic", "gsm8k", "math500", "wildchat", ...);
   reward functions dispatch on it.
 - ``prompt: list[{"role": str, "content": str}]`` -- chat messages fed to the policy's chat template;
-  roles are "system", "user" or "assistant"; at least one message.
+  roles are "system", "user", "assistant" or "tool" (a tool's result, in multi-turn SFT traces); at least
+  one message.
 - ``ground_truth: str`` -- the gold answer as text; "" when there is none (open-ended chat).
 - ``extra_info: str`` -- a JSON object encoded as a string (id, split, difficulty, subject, level, ...).
   It is a string, not a struct, so datasets with different metadata keys share one Parquet schema.
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FIELDS: tuple[str, ...] = ("data_source", "prompt", "ground_truth", "extra_info")
-ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})  # tool: a result in a multi-turn trace
 
 ARROW_SCHEMA = pa.schema(
     [

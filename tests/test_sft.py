@@ -102,7 +102,7 @@ def examples(tiny_model):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    prompts, responses, golds, dropped = encode_examples(tokenizer, sft_rows(6, seed=0), max_tokens=512)
+    prompts, responses, golds, dropped, _ = encode_examples(tokenizer, sft_rows(6, seed=0), max_tokens=512)
     return tokenizer, prompts, responses, golds
 
 
@@ -114,7 +114,7 @@ def test_response_ids_are_the_assistant_turn_up_to_end_of_turn(examples):
     assert prompts == encode_prompts(tokenizer, [{"prompt": r["prompt"][:-1]} for r in rows])
     for r, row in zip(responses, rows):
         assert tokenizer.decode(r) == row["prompt"][-1]["content"] + tokenizer.eos_token
-    _, _, _, dropped = encode_examples(tokenizer, rows, max_tokens=20)
+    _, _, _, dropped, _ = encode_examples(tokenizer, rows, max_tokens=20)
     assert dropped == 6
 
 
@@ -232,14 +232,14 @@ def test_length_filter_and_pack_config_errors(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     rows = sft_rows(20, seed=1)
-    p, r, _, dropped = encode_examples(tok, rows, 512)
+    p, r, _, dropped, _ = encode_examples(tok, rows, 512)
     assert dropped == 0
     shortest, longest = min(map(len, r)), max(map(len, r))
     assert shortest < longest
-    _, kept, _, dropped = encode_examples(tok, rows, 512, max_response_tokens=shortest)
+    _, kept, _, dropped, _ = encode_examples(tok, rows, 512, max_response_tokens=shortest)
     assert dropped > 0 and all(len(x) <= shortest for x in kept)
     total = sorted(len(a) + len(b) for a, b in zip(p, r))
-    _, _, _, dropped = encode_examples(tok, rows, 512, min_tokens=total[5])
+    _, _, _, dropped, _ = encode_examples(tok, rows, 512, min_tokens=total[5])
     assert dropped == sum(t < total[5] for t in total)
     stage = SFTStage()
     for override, message in [

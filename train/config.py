@@ -248,6 +248,9 @@ class EnvConfig:
     """Multi-turn rollouts (train/rollout/agent_loop.py): tools the model may call and an environment it talks
     to. Off while `tools` is empty and `interaction` null (one prompt, one response)."""
 
+    multi_turn: bool | None = (
+        None  # null: on when tools or an interaction are set; true: the agent loop even without
+    )
     tools: list[Any] = field(
         default_factory=list
     )  # names (calculator, python: train/env/registry.py) or {_target_: ..., <kwargs>} entries

@@ -13,6 +13,7 @@ from typing import Any
 TOOLS = {
     "calculator": "train.env.tools.calculator.Calculator",
     "python": "train.env.tools.python.PythonTool",
+    "catalog": "train.env.tools.catalog.Catalog",
 }
 INTERACTIONS = {
     "answer_check": "train.env.interactions.answer_check.AnswerCheck",
@@ -20,8 +21,12 @@ INTERACTIONS = {
 
 
 def enabled(env_cfg: Any) -> bool:
-    """Whether `env` asks for multi-turn rollouts (any tool, or an interaction)."""
-    return env_cfg is not None and (bool(env_cfg.get("tools")) or env_cfg.get("interaction") is not None)
+    """Whether `env` asks for multi-turn rollouts: `env.multi_turn`, or (null) any tool or an interaction."""
+    if env_cfg is None:
+        return False
+    if env_cfg.get("multi_turn") is not None:
+        return bool(env_cfg.get("multi_turn"))
+    return bool(env_cfg.get("tools")) or env_cfg.get("interaction") is not None
 
 
 def spec_of(entry: Any, names: dict[str, str], key: str) -> dict:

@@ -147,3 +147,38 @@ class ChatFormat:
         if not after.startswith(before):
             raise ValueError("the chat template renders earlier turns differently when messages follow")
         return self.tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
+
+
+def trace_ids(fmt: ChatFormat, messages: list[dict]) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, response ids, mask) of a multi-turn trace, laid out as a rollout lays out a trajectory.
+
+    The prompt is every message before the first assistant turn (rendered with the tools described); each
+    assistant turn is its content's tokens plus the end-of-turn token (mask 1: trained), and each run of
+    tool or user messages between them is the template's rendering after a model turn (mask 0), so SFT
+    on traces trains exactly the tokens a multi-turn rollout would have the model sample."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError("a trace needs at least one assistant message")
+    prompt = fmt.prompt_ids(messages[:first])
+    end = fmt.tokenizer.eos_token_id
+    response: list[int] = []
+    mask: list[int] = []
+    pending: list[dict] = []
+    for m in messages[first:]:
+        if m["role"] != "assistant":
+            pending.append(m)
+            continue
+        if pending:
+            results = [p["content"] for p in pending if p["role"] == "tool"]
+            rendered = fmt.as_messages(results, "tool") if results else []
+            rendered += [p for p in pending if p["role"] != "tool"]
+            ids = fmt.observation_ids(rendered)
+            response += ids
+            mask += [0] * len(ids)
+            pending = []
+        ids = fmt.tokenizer(m["content"], add_special_tokens=False)["input_ids"] + [end]
+        response += ids
+        mask += [1] * len(ids)
+    if pending:
+        raise ValueError("a trace must end with an assistant message")
+    return prompt, response, mask

@@ -370,13 +370,17 @@ def _done(value: Any) -> Future:
     return f
 
 
-def zero_failed_trajectories(batch: Batch) -> None:
-    """A trajectory whose environment raised gets reward 0 (and is not correct), whatever the reward said."""
-    for i, episode in enumerate(batch.episodes):
+def zero_failed(episodes: list[dict], scores: list[float], correct: list[float] | None) -> None:
+    """A trajectory whose environment raised gets score 0 (and is not correct), whatever the reward said."""
+    for i, episode in enumerate(episodes):
         if episode.get("failed"):
-            batch.scores[i] = 0.0
-            if batch.correct is not None:
-                batch.correct[i] = 0.0
+            scores[i] = 0.0
+            if correct is not None:
+                correct[i] = 0.0
+
+
+def zero_failed_trajectories(batch: Batch) -> None:
+    zero_failed(batch.episodes, batch.scores, batch.correct)
 
 
 def env_metrics(episodes: list[dict], stats: dict[str, float] | None = None) -> dict[str, float]:

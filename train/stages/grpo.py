@@ -608,7 +608,13 @@ class GRPOTrainer(TrainingLoop):
         )
         samples.log_rollout(self.tracker, "val", step, rows, rollout, reward)
         figures = {k: statistics.fmean(m[k] for m in metrics) for k in metrics[0]}
-        return heldout_metrics(scores, correct, groups, figures)
+        out = heldout_metrics(scores, correct, groups, figures)
+        if self.agent is not None:  # tool use on the held-out prompts, every rank's trajectories
+            episodes = [e for part in all_gather_objects(rollout.episodes) for e in part]
+            env = env_metrics(episodes)
+            out.update({f"val/{k.removeprefix('env/')}": env[k] for k in VAL_ENV_FIGURES})
+            out["val/tool_call_rate"] = env["env/used_tools_rate"]
+        return out
 
     def one_line(self, step: int, m: dict[str, float]) -> str:
         return _one_line(step, self.cfg.total_steps, m)
@@ -619,6 +625,9 @@ class GRPOTrainer(TrainingLoop):
             self.agent.close()
         if hasattr(self.reward_fn, "close"):  # e.g. the classmate reward's own engines
             self.reward_fn.close()
+
+
+VAL_ENV_FIGURES = ("env/turns_mean", "env/tool_calls_mean", "env/tool_error_rate", "env/truncated_rate")
 
 
 def _one_line(step: int, total: int, m: dict[str, float]) -> str:

@@ -62,13 +62,23 @@ class SFTConfig(StageRunConfig):
 
 def encode_examples(
     tokenizer, rows: list[dict], max_tokens: int, min_tokens: int = 0, max_response_tokens: int | None = None
-) -> tuple[list, list, list, int]:
-    """(prompt ids, response ids, golds, number dropped for length) of SFT schema rows; the length filter
-    keeps min_tokens <= prompt + response <= max_tokens and response <= max_response_tokens."""
-    prompts, responses, golds, dropped = [], [], [], 0
+) -> tuple[list, list, list, int, list]:
+    """(prompt ids, response ids, golds, number dropped for length, token masks) of SFT schema rows; the
+    length filter keeps min_tokens <= prompt + response <= max_tokens and response <= max_response_tokens.
+
+    A row whose `extra_info.tools` names tools, or that holds tool messages or several assistant turns, is a
+    multi-turn trace (train/env/tool_format.py `trace_ids`): its mask is 1 on the model's turns and 0 on the
+    tool results between them (the loss is on the model's turns only); a single-turn row's mask is None."""
+    from data_prep.schema import extra_info_of
+
+    prompts, responses, golds, masks, dropped = [], [], [], [], 0
     for i, row in enumerate(rows):
-        prompt, response = split_response(row, f"row {i}")
-        p, r = encode_chat(tokenizer, prompt, response)
+        tools = _trace_tools(row, extra_info_of(row))
+        if tools is None:
+            prompt, response = split_response(row, f"row {i}")
+            (p, r), m = encode_chat(tokenizer, prompt, response), None
+        else:
+            p, r, m = _encode_trace(tokenizer, row["prompt"], tools, f"row {i}")
         too_long = max_response_tokens is not None and len(r) > max_response_tokens
         if not min_tokens <= len(p) + len(r) <= max_tokens or too_long:
             dropped += 1
@@ -76,7 +86,37 @@ def encode_examples(
         prompts.append(p)
         responses.append(r)
         golds.append(row["ground_truth"])
-    return prompts, responses, golds, dropped
+        masks.append(m)
+    return prompts, responses, golds, dropped, masks
+
+
+def _trace_tools(row: dict, info: dict) -> list | None:
+    """The tools a multi-turn trace was made with (names), or None for a single-turn example."""
+    roles = [m["role"] for m in row["prompt"]]
+    if "tools" in info:
+        return list(info["tools"] or [])
+    return [] if "tool" in roles or roles.count("assistant") > 1 else None
+
+
+def _encode_trace(tokenizer, messages: list[dict], tools: list, where: str):
+    from train.env.registry import build_tools
+    from train.env.tool_format import ChatFormat, trace_ids
+
+    try:
+        fmt = ChatFormat(tokenizer, [t.schema() for t in build_tools(tools).values()])
+        return trace_ids(fmt, messages)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def token_masks_of(responses: list[list[int]], masks: list) -> torch.Tensor | None:
+    """The (rows, longest response) training mask of encoded examples, or None when no row is a trace."""
+    if all(m is None for m in masks):
+        return None
+    out = torch.zeros(len(responses), max(len(r) for r in responses))
+    for i, (r, m) in enumerate(zip(responses, masks)):
+        out[i, : len(r)] = torch.tensor(m if m is not None else [1] * len(r), dtype=torch.float32)
+    return out
 
 
 LOSS_NORMALIZATIONS = ("token_mean", "sequence_constant")
@@ -150,7 +190,7 @@ class SFTTrainer(OfflineStage):
         cfg, d = self.cfg, self.cfg.data
         self.accuracy_items: list[tuple[list[int], str]] = []  # (prompt ids, gold) of this rank
         rows = load_sft_rows(d.train_path, d.builtin_size, cfg.seed, split="train")
-        self.prompts, self.responses, _, dropped = encode_examples(
+        self.prompts, self.responses, _, dropped, masks = encode_examples(
             self.tokenizer, rows, d.max_tokens, d.min_tokens, d.max_response_tokens
         )
         limits = f"data.min_tokens={d.min_tokens} data.max_tokens={d.max_tokens}" + (
@@ -160,7 +200,11 @@ class SFTTrainer(OfflineStage):
             self.print(f"dropped {dropped} examples outside the length limits ({limits})")
         if not self.prompts:
             raise ValueError(f"data.train_path={d.train_path}: no SFT example fits {limits}")
-        self.token_masks = None
+        self.token_masks = token_masks_of(self.responses, masks)  # multi-turn traces: the model's turns
+        if d.pack and self.token_masks is not None:
+            raise ValueError(
+                f"data.train_path={d.train_path}: multi-turn traces cannot be packed yet; set data.pack=false"
+            )
         if d.pack:  # fixed-length blocks of the concatenated examples: (first token, block_size targets)
             blocks, masks = pack_documents(
                 self.prompts, self.responses, self.tokenizer.eos_token_id, d.block_size, d.pack_loss
@@ -175,10 +219,12 @@ class SFTTrainer(OfflineStage):
             self.token_masks = torch.tensor(masks)
         self.sampler = PromptSampler(len(self.prompts), d.batch_size, cfg.seed, d.shuffle)
         self.val: tuple[list, list] = ([], [])
+        self.val_masks: list = []
         if cfg.val_every and d.val_path:
             val_rows = load_sft_rows(d.val_path, d.val_size, cfg.seed, split="test")[: d.val_size]
-            p, r, golds, _ = encode_examples(self.tokenizer, val_rows, d.max_tokens)
+            p, r, golds, _, m = encode_examples(self.tokenizer, val_rows, d.max_tokens)
             self.val = (p[self.rank :: self.world], r[self.rank :: self.world])
+            self.val_masks = m[self.rank :: self.world]
             self.accuracy_items = [(x, g) for x, g in zip(p, golds) if g][self.rank :: self.world]
 
     def step(self, step: int) -> dict[str, float]:
@@ -217,12 +263,16 @@ class SFTTrainer(OfflineStage):
         return out
 
     def _held_out(self) -> dict[str, float]:
-        """Token-mean NLL of the held-out responses (`sft/val_loss`)."""
+        """Token-mean NLL of the held-out responses (`sft/val_loss`; traces: the model's turns only)."""
         prompts, responses = self.val
         nll, tokens = 0.0, 0
         if prompts:
             log_probs, _ = self.policy.compute_log_probs(prompts, responses)
-            nll, tokens = -float(log_probs.sum()), sum(len(r) for r in responses)
+            mask = token_masks_of(responses, self.val_masks)
+            if mask is not None:
+                log_probs = log_probs * mask[:, : log_probs.shape[1]]
+            nll = -float(log_probs.sum())
+            tokens = int(mask.sum()) if mask is not None else sum(len(r) for r in responses)
         nll, tokens = all_reduce_sum(nll), all_reduce_sum(tokens)
         return {"sft/val_loss": nll / tokens} if tokens else {}
 

@@ -1,0 +1,140 @@
+"""Exact arithmetic the embedded model cannot do in its head, and multi-turn traces that use tools for it.
+
+Three families (`FAMILIES`), each asking for one exact integer:
+
+- `product`: a 3-digit times a 4-digit number ("What is 347 * 5821?");
+- `sum`: four or five numbers of 3-4 digits added up;
+- `chain`: a price the model must look up first (the `catalog` tool), then multiply: two tool calls in
+  sequence, so a trajectory that solves it has at least three model turns.
+
+Train/test disjointness does not depend on the seed: each problem's numbers are hashed to a fixed split.
+`prompt_rows` are GRPO prompts (`builtin:tool_math`, `builtin:tool_math_chain`); `sft_rows` are the SFT
+warm-up (`builtin:sft_tool_math`): for half the problems a trace that calls the tools (`extra_info.tools`
+names them, so the SFT stage describes them in the prompt exactly as a rollout with `env.tools` does), for
+the other half a direct answer with no tool described, so one warm-up serves both arms of
+experiments/tool_math.yaml. The tool results in a trace are the tools' own outputs.
+
+    python -m data_prep.tool_math --out data/tool_math --train-size 2000 --test-size 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from data_prep.schema import extra_info_of, make_row, write_parquet
+
+DATA_SOURCE = "tool_math"
+FAMILIES = ("product", "sum", "chain")
+TEST_PERCENT = 20
+INSTRUCTION = "Give only the final number as your answer."
+TOOLS_OF = {"product": ["calculator"], "sum": ["calculator"], "chain": ["catalog", "calculator"]}
+
+
+def _split_of(family: str, numbers: list, item: str = "") -> str:
+    key = json.dumps([family, numbers, item]).encode()
+    return "test" if int(hashlib.sha256(key).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
+
+
+def _problem(rng: random.Random, family: str) -> tuple[str, str, dict]:
+    """(question, gold, extra_info) of one problem of `family`."""
+    from train.env.tools.catalog import ITEMS, price_of
+
+    if family == "product":
+        a, b = rng.randint(100, 999), rng.randint(1000, 9999)
+        return (
+            f"What is {a} * {b}? {INSTRUCTION}",
+            str(a * b),
+            {"numbers": [a, b], "expression": f"{a} * {b}"},
+        )
+    if family == "sum":
+        nums = [rng.randint(100, 9999) for _ in range(rng.choice((4, 5)))]
+        expr = " + ".join(map(str, nums))
+        return f"What is {expr}? {INSTRUCTION}", str(sum(nums)), {"numbers": nums, "expression": expr}
+    item, count = rng.choice(ITEMS), rng.randint(100, 9999)
+    question = (
+        f"A {item} costs some number of cents: look it up in the catalog. "
+        f"How many cents do {count} of them cost? {INSTRUCTION}"
+    )
+    return question, str(price_of(item) * count), {"numbers": [count], "item": item}
+
+
+def prompt_rows(
+    n: int, seed: int, split: str = "train", families: tuple[str, ...] = ("product", "sum")
+) -> list[dict]:
+    """`n` problems of `split` drawn round-robin from `families`."""
+    rng, rows, k = random.Random(seed * 7919 + len(families)), [], 0
+    while len(rows) < n:
+        family = families[k % len(families)]
+        k += 1
+        question, gold, info = _problem(rng, family)
+        if _split_of(family, info["numbers"], info.get("item", "")) != split:
+            continue
+        info.update(family=family, split=split, tools=TOOLS_OF[family])
+        rows.append(make_row(DATA_SOURCE, [{"role": "user", "content": question}], gold, info))
+    return rows
+
+
+def _call(name: str, **arguments) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def trace(row: dict) -> list[dict]:
+    """The messages of a correct tool-using solution of a `prompt_rows` row (tool results from the tools)."""
+    from train.env.tools.calculator import Calculator
+    from train.env.tools.catalog import Catalog
+
+    info = extra_info_of(row)
+    messages = list(row["prompt"])
+    if info["family"] == "chain":
+        price = Catalog()(item=info["item"])
+        messages += [
+            {"role": "assistant", "content": _call("catalog", item=info["item"])},
+            {"role": "tool", "content": price},
+        ]
+        expression = f"{price} * {info['numbers'][0]}"
+    else:
+        expression = info["expression"]
+    result = Calculator()(expression=expression)
+    return messages + [
+        {"role": "assistant", "content": _call("calculator", expression=expression)},
+        {"role": "tool", "content": result},
+        {"role": "assistant", "content": f"The answer is {row['ground_truth']}."},
+    ]
+
+
+def sft_rows(n: int, seed: int, split: str = "train") -> list[dict]:
+    """The warm-up: every other problem as a tool trace (its tools in extra_info), the rest answered directly."""
+    rows = []
+    for k, row in enumerate(prompt_rows(n, seed, split, FAMILIES)):
+        info = extra_info_of(row)
+        if k % 2 == 0:
+            messages = trace(row)
+        else:
+            info["tools"] = []
+            messages = [
+                *row["prompt"],
+                {"role": "assistant", "content": f"The answer is {row['ground_truth']}."},
+            ]
+        rows.append(make_row(DATA_SOURCE, messages, row["ground_truth"], info))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--train-size", type=int, default=2000)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    for split, size in (("train", a.train_size), ("test", a.test_size)):
+        write_parquet(prompt_rows(size, a.seed, split, FAMILIES), a.out / f"{split}.parquet")
+        write_parquet(sft_rows(size, a.seed, split), a.out / f"sft_{split}.parquet")
+    print(f"wrote {a.out}/{{train,test}}.parquet and sft_{{train,test}}.parquet")
+
+
+if __name__ == "__main__":
+    main()
