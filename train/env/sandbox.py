@@ -5,8 +5,8 @@ scratch folder, outlive its call, or take the machine down (fork bomb, endless l
 of output). Two mechanisms, chosen once per process (`mechanism="auto"`) and logged in one line:
 
 - `bwrap` (bubblewrap, Debian package `bubblewrap`): new user, pid, network, ipc and uts namespaces, the whole
-  file system read-only, a private sized tmpfs for /tmp (holding the working folder) and /dev/shm, no network,
-  no new privileges; the pid namespace dies with its first process, so nothing outlives the call.
+  file system read-only (/tmp too: an empty one), the working folder and /dev/shm private sized tmpfs, no
+  network, no new privileges; the pid namespace dies with its first process, so nothing outlives the call.
 - `rlimits` (bwrap missing or not usable): the same resource limits, empty environment and working folder,
   no new privileges. As root the program runs as a dedicated uid, so RLIMIT_NPROC holds, the trainer's files
   and /proc/<pid>/environ are unreadable and it can write only to world-writable folders, which are swept of
@@ -59,7 +59,7 @@ os.execv(sys.executable, [sys.executable, "-E", "-s", "-u", sys.argv[6]])
 
 @dataclass(frozen=True)
 class Limits:
-    """What one program may use. `disk_mb` sizes the private /tmp and /dev/shm under bwrap; `rlimits` bounds
+    """What one program may use. `disk_mb` sizes the working folder and /dev/shm under bwrap; `rlimits` bounds
     each file by `file_mb` only. `max_procs` counts the program's own processes, the first one included."""
 
     wall_s: float = 5.0
@@ -112,8 +112,8 @@ class Mechanism:
         return [
             *(self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"),
             *("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"),
-            *size, *("--tmpfs", "/dev/shm"), *size, *("--tmpfs", "/tmp"),
-            *("--ro-bind", main, main, "--chdir", workdir, "--"), *inner,
+            *size, *("--tmpfs", "/dev/shm", "--tmpfs", "/tmp"), *size, *("--tmpfs", workdir),
+            *("--ro-bind", main, main, "--remount-ro", "/tmp", "--chdir", workdir, "--"), *inner,
         ]  # fmt: skip
 
 
