@@ -54,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     from infra.models import ModelNotFoundError
     from train.checkpoint import CheckpointError
     from train.launch.preempt import Preempted
+    from train.launch.preflight import refusal
 
+    refused = refusal(cfg)  # servers that do not answer, folders that do not exist: before anything loads
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     try:
         if cfg.world_size > 1:  # torchrun starts the ranks (across a Slurm job's nodes when it has several)
             from train.launch.ranks import launch_ranks
