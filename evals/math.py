@@ -15,6 +15,11 @@ Options beyond upstream (off by default, docs/evals.md): `--maj-vote equivalence
 Format (CS336's format x answer reward, train/rewards/r1_zero_reward.py), over all samples: `format_rate`
 (the response is in `--answer-format`: `boxed`, or `r1_zero`'s "</think> <answer> .. </answer>"),
 `answer_rate` (answer right whatever the format) and the four shares `fmt_{wrong,right}_ans_{wrong,right}`.
+`--tools calculator[,python,...]` answers with tools over several turns through the training rollout's agent
+loop (the same tool and environment code: train/env/): each record keeps its turns, and the summary adds
+`tool_call_rate` (samples that called a tool), `turns_mean`, `tool_calls_mean` and `tool_error_rate`.
+`--datasets builtin:tool_math` (or any `builtin:` prompt set with golds) scores the project's own
+generated test split (`--builtin-size` rows) instead of files.
 `--prompt-template r1_zero` prompts with the course's plain-text R1-Zero prompt instead of the chat prompt
 (local checkpoints only); its answer format is then r1_zero unless `--answer-format` says otherwise.
 """
@@ -130,6 +135,14 @@ class MathSuite:
             "('final answer is $..$. I hope' over any box); option 'last': the last committed answer, as the "
             "training reward reads it (a correction replaces an earlier answer)",
         )
+        g.add_argument(
+            "--tools", default=None,
+            help="comma list of tools (calculator, python, catalog, or a _target_): multi-turn answers",
+        )  # fmt: skip
+        g.add_argument("--max-turns", type=int, default=4, help="with --tools: model turns per answer")
+        g.add_argument(
+            "--builtin-size", type=int, default=200, help="rows of a builtin: dataset's test split"
+        )
         g.add_argument("--temperature", type=float, default=0.0)
         g.add_argument("--top-p", type=float, default=1.0)
         g.add_argument("--max-tokens", type=int, default=2048)
@@ -168,11 +181,14 @@ class MathSuite:
     def load_items(self, args: argparse.Namespace) -> list[dict]:
         data_dir = Path(args.data_dir or default_data_dir())
         names = [d.strip() for d in args.datasets.split(",") if d.strip()]
-        unknown = [d for d in names if d not in SOURCES]
+        unknown = [d for d in names if d not in SOURCES and not d.startswith("builtin:")]
         if unknown:
             raise DatasetError(f"unknown math dataset(s) {unknown}; choose from {', '.join(DATASETS)}")
         items = []
         for name in names:
+            if name.startswith("builtin:"):
+                items += _builtin_items(name, args)
+                continue
             path = data_dir / name / "test.jsonl"
             if not path.is_file():
                 raise DatasetError(f"math data file not found: {path} (set --data-dir or $RLPOST_MATH_DATA)")
@@ -194,7 +210,20 @@ class MathSuite:
             n=a.n, temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed
         )
         start_workers()  # the grader's workers start while the responses are generated
-        responses = ctx.generate([it["prompt"] for it in items], sampling)
+        episodes = None
+        if getattr(a, "tools", None):
+            env = {"tools": [t.strip() for t in a.tools.split(",") if t.strip()], "max_turns": a.max_turns}
+            env["max_total_tokens"] = a.max_tokens * a.max_turns
+            outs = ctx.generator.generate_trajectories(
+                [it["prompt"] for it in items],
+                sampling,
+                env,
+                [it.get("row") or {"prompt": it["prompt"]} for it in items],
+            )
+            responses = [[o["text"] for o in os_] for os_ in outs]
+            episodes = [[o["episode"] for o in os_] for os_ in outs]
+        else:
+            responses = ctx.generate([it["prompt"] for it in items], sampling)
         flat = [r for rs in responses for r in rs]
         golds = [it["gold"] for it, rs in zip(items, responses) for _ in rs]
         rule = getattr(a, "answer_rule", "qwen")
@@ -203,10 +232,18 @@ class MathSuite:
         for item, rs in zip(items, responses):
             correct = scores[pos : pos + len(rs)]
             pos += len(rs)
-            record = {k: v for k, v in item.items() if k != "prompt"}
+            record = {k: v for k, v in item.items() if k not in ("prompt", "row")}
             answers = [extract_answer(r, rule) for r in rs]
             record |= {"responses": rs, "answers": answers, "correct": correct}
             record["format"] = [float(formatted_answer(r, answer_format(a))[0]) for r in rs]
+            if episodes is not None:  # each sample's tool use (the samples viewer shows the turns)
+                eps = episodes[len(records)]
+                record["turns"] = [e["turns"] for e in eps]
+                record["tool_calls"] = [e["tool_calls"] for e in eps]
+                record["tool_errors"] = [sum(e["errors"].values()) for e in eps]
+                record["trajectories"] = [
+                    [{"role": s["role"], "text": s["text"]} for s in e["segments"]] for e in eps
+                ]
             records.append(record)
         if getattr(a, "rm_scorer", None):
             scorer = self._scorer(a.rm_scorer)
@@ -252,6 +289,13 @@ class MathSuite:
                 if key in r:
                     groups[f"{r['dataset']}/{key}/{r[key]}/"].append(i)
         out: dict[str, float] = {}
+        if all("tool_calls" in r for r in records):  # --tools: how the answers used them
+            calls = [c for r in records for c in r["tool_calls"][:n]]
+            errors = sum(e for r in records for e in r["tool_errors"][:n])
+            out["tool_call_rate"] = sum(c > 0 for c in calls) / len(calls)
+            out["tool_calls_mean"] = sum(calls) / len(calls)
+            out["turns_mean"] = sum(t for r in records for t in r["turns"][:n]) / len(calls)
+            out["tool_error_rate"] = errors / max(sum(calls), 1)
         if all("format" in r for r in records):  # every sample's format x answer class
             for prefix, idx in groups.items():
                 if prefix.count("/") <= 1:
@@ -269,6 +313,19 @@ class MathSuite:
                     out[f"{prefix}{m}"] = sum(vals) / len(vals)
             out[f"{prefix}n"] = float(len(idx))
         return out
+
+
+def _builtin_items(name: str, args: argparse.Namespace) -> list[dict]:
+    """The test split of a project-generated prompt set (data_prep/datasets.py), as eval items."""
+    from data_prep.datasets import load_prompt_rows
+
+    rows = load_prompt_rows(name, args.builtin_size, args.seed, split="test")
+    label = name.removeprefix("builtin:")
+    return [
+        {"id": f"{label}/{i}", "dataset": label, "prompt": r["prompt"], "gold": r["ground_truth"], "row": r}
+        for i, r in enumerate(rows)
+        if r.get("ground_truth")
+    ]
 
 
 def answer_format(args: argparse.Namespace) -> str:

@@ -49,5 +49,7 @@ class ScriptedModel:
             cut = len(ids) > limit
             ids = ids[:limit]
             shown = self.tokenizer.decode(ids, skip_special_tokens=True)
-            out.append(TurnOutput(rid, ids, [-0.1 * k for k in range(len(ids))], shown, "length" if cut else "stop"))
+            out.append(
+                TurnOutput(rid, ids, [-0.1 * k for k in range(len(ids))], shown, "length" if cut else "stop")
+            )
         return out

@@ -29,7 +29,10 @@ class Echo:
 
     def schema(self):
         params = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-        return {"type": "function", "function": {"name": self.name, "description": "echo", "parameters": params}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": "echo", "parameters": params},
+        }
 
     def __call__(self, text: str) -> str:
         self.calls.append((text, time.perf_counter()))
@@ -61,7 +64,7 @@ class Long(Echo):
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +72,12 @@ def tokenizer(tiny_model):
     return AutoTokenizer.from_pretrained(tiny_model)
 
 
-def rollout(tokenizer, script, tools=(), n=1, rows=(ROW,), max_new=64, **kw) -> tuple[AgentRollout, Batch, ScriptedModel]:
-    model = ScriptedModel(tokenizer, script, cut_at=kw.pop("cut_at", None), latency_s=kw.pop("latency_s", 0.0))
+def rollout(
+    tokenizer, script, tools=(), n=1, rows=(ROW,), max_new=64, **kw
+) -> tuple[AgentRollout, Batch, ScriptedModel]:
+    model = ScriptedModel(
+        tokenizer, script, cut_at=kw.pop("cut_at", None), latency_s=kw.pop("latency_s", 0.0)
+    )
     agent = AgentRollout(model, tokenizer, {t.name: t for t in tools}, **kw)
     rows = list(rows)
     batch = agent.generate(agent.encode(rows), rows, SamplingConfig(n=n, max_new_tokens=max_new, seed=1))
@@ -102,7 +109,10 @@ def test_trajectory_is_what_the_model_sampled_and_the_template_wrote(tokenizer):
     # token in: the second request is the prompt plus the first turn and the observation, as tokens
     assert model.submitted[1] == batch.prompt_ids[0] + ids[: env["end"]]
     decoded = tokenizer.decode(ids)
-    assert "<tool_response>\necho:hi\n</tool_response>" in decoded and decoded.count("<|im_start|>assistant") == 1
+    assert (
+        "<tool_response>\necho:hi\n</tool_response>" in decoded
+        and decoded.count("<|im_start|>assistant") == 1
+    )
     assert batch.texts[0] == "The answer is \\boxed{561741}."  # what the reward grades: the final turn
     assert batch.episodes[0]["stop"] == "answered" and batch.finish_reasons == ["stop"]
     m = env_metrics(batch.episodes)
@@ -125,7 +135,13 @@ def test_every_bad_call_is_an_error_observation_and_the_step_goes_on(tokenizer):
 
     tools = [Echo(), Boom(), Slow(), Long()]
     agent, batch, _ = rollout(
-        tokenizer, script, tools, max_turns=10, max_total_tokens=4000, tool_timeout_s=0.5, max_observation_tokens=40
+        tokenizer,
+        script,
+        tools,
+        max_turns=10,
+        max_total_tokens=4000,
+        tool_timeout_s=0.5,
+        max_observation_tokens=40,
     )
     ep = batch.episodes[0]
     observations = [s["text"] for s in ep["segments"] if s["role"] == "env"]
@@ -158,7 +174,9 @@ class Flaky:
 def test_an_environment_that_raises_ends_its_trajectory_alone_with_reward_zero(tokenizer, capsys):
     rows = [ROW, {**ROW, "ground_truth": "fail"}]
     said = []
-    agent, batch, _ = rollout(tokenizer, lambda t, k: f"guess {k}", rows=rows, n=2, interaction=Flaky, say=said.append)
+    agent, batch, _ = rollout(
+        tokenizer, lambda t, k: f"guess {k}", rows=rows, n=2, interaction=Flaky, say=said.append
+    )
     stops = [e["stop"] for e in batch.episodes]
     assert stops == ["done", "done", "env_error", "env_error"]
     assert [e["turns"] for e in batch.episodes] == [2, 2, 1, 1]
@@ -240,10 +258,14 @@ def test_no_gradient_reaches_environment_tokens():
 
 
 def test_tool_call_parsing():
-    parsed = parse_tool_calls('x <tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2*3\\"}"}</tool_call>')
+    parsed = parse_tool_calls(
+        'x <tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2*3\\"}"}</tool_call>'
+    )
     assert [(c.name, c.arguments) for c in parsed.calls] == [("calculator", {"expression": "2*3"})]
     assert parse_tool_calls("no calls here").wants_tools is False
-    assert parse_tool_calls("<tool_call>{}").errors == ["malformed tool call: <tool_call> without </tool_call>"]
+    assert parse_tool_calls("<tool_call>{}").errors == [
+        "malformed tool call: <tool_call> without </tool_call>"
+    ]
 
 
 def test_threads_end_with_the_rollout(tokenizer):

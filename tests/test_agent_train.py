@@ -33,7 +33,9 @@ def test_vllm_trajectories_are_token_exact_and_the_trainer_agrees(vllm_engine, t
     prompts = agent.encode(ROWS)
     batch = agent.generate(prompts, ROWS, SamplingConfig(n=2, max_new_tokens=6, seed=11))
     assert [e["turns"] for e in batch.episodes] == [3] * 4
-    for ids, mask, lps, ep in zip(batch.response_ids, batch.token_mask, batch.response_logprobs, batch.episodes):
+    for ids, mask, lps, ep in zip(
+        batch.response_ids, batch.token_mask, batch.response_logprobs, batch.episodes
+    ):
         assert [s["role"] for s in ep["segments"]] == ["model", "env", "model", "env", "model"]
         assert len(ids) == len(mask) == len(lps) == ep["segments"][-1]["end"]
     # teacher-forced over the whole trajectory, the engine gives the model's tokens the log-probs it

@@ -216,3 +216,68 @@ def test_math_end_to_end_on_tiny_model(
     assert {"acc", "pass@1", "pass@2", "maj@1", "maj@2", "gsm8k/acc", "acc_ci_lo", "n"} <= set(m)
     hist = mlflow.MlflowClient().get_metric_history(run_id, "eval/math/gsm8k/pass_at_2")
     assert [(h.step, h.value) for h in hist] == [(3, m["gsm8k/pass@2"])]
+
+
+def test_math_with_tools_scores_answers_and_tool_use(tiny_model):
+    """`--tools`: the answers come from the training rollout's agent loop; a stand-in model that calls the
+    calculator on the first item and guesses on the second gives the tool figures by hand."""
+    import argparse
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from evals.common.suite import EvalContext
+    from evals.math import _builtin_items
+    from tests.scripted_model import ScriptedModel
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    args = argparse.Namespace(builtin_size=2, seed=0)
+    items = _builtin_items("builtin:tool_math", args)
+    expression = items[0]["prompt"][0]["content"].split("What is ")[1].split("?")[0]
+
+    def script(text, turn):
+        if expression in text and turn == 0:
+            return (
+                '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+                % expression
+            )
+        if expression in text:
+            return "The answer is " + text.split("<tool_response>\n")[1].split("\n")[0] + "."
+        return "The answer is 7."
+
+    gen = VLLMGenerator()
+    gen.engine, gen.tokenizer = ScriptedModel(tok, script), tok
+    a = argparse.Namespace(
+        n=1, temperature=0.0, top_p=1.0, max_tokens=64, seed=0, tools="calculator", max_turns=3, k=None,
+        answer_rule="qwen", answer_format=None, rm_scorer=None, maj_vote="string", maj_skip_unanswered=False,
+    )  # fmt: skip
+    records = SUITE.run_batch(items, EvalContext(a, SimpleNamespace(), generator=gen))
+    assert [r["correct"] for r in records] == [[1.0], [0.0]]
+    assert [r["tool_calls"] for r in records] == [[1], [0]] and [r["turns"] for r in records] == [[2], [1]]
+    assert [s["role"] for s in records[0]["trajectories"][0]] == ["model", "env", "model"]
+    m = SUITE.summarize(records, a)
+    assert (
+        m["tool_call_rate"] == 0.5
+        and m["turns_mean"] == 1.5
+        and m["acc"] == 0.5
+        and m["tool_error_rate"] == 0
+    )
+
+
+@pytest.mark.slow
+def test_math_with_tools_end_to_end_on_tiny_model(tiny_model, vllm_engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    gen = VLLMGenerator(engine=vllm_engine)
+    res = tmp_path / "res"
+    argv = ["--ckpt", str(tiny_model), "--datasets", "builtin:tool_math", "--builtin-size", "3", "--tools",
+            "calculator", "--max-turns", "2", "--max-tokens", "8", "--results-dir", str(res)]  # fmt: skip
+    try:
+        (s,) = main(SUITE, argv, generator=gen)
+    finally:
+        gen.load(tiny_model)
+    m = s["metrics"]
+    assert {"acc", "tool_call_rate", "turns_mean", "tool_calls_mean", "tool_error_rate"} <= set(m)
+    rows = [json.loads(x) for x in next(res.rglob("samples.jsonl")).read_text().splitlines()]
+    assert len(rows) == 3 and all(
+        r["turns"][0] >= 1 and r["trajectories"][0][0]["role"] == "model" for r in rows
+    )

@@ -36,7 +36,9 @@ def test_golds_are_exact_and_splits_disjoint():
             assert 100 <= a <= 999 and 1000 <= b <= 9999 and int(row["ground_truth"]) == a * b
         else:
             assert len(info["numbers"]) in (4, 5) and int(row["ground_truth"]) == sum(info["numbers"])
-    key = lambda r: json.dumps([extra_info_of(r)["family"], extra_info_of(r)["numbers"], extra_info_of(r).get("item")])  # noqa: E731
+    key = lambda r: json.dumps(
+        [extra_info_of(r)["family"], extra_info_of(r)["numbers"], extra_info_of(r).get("item")]
+    )  # noqa: E731
     assert not {key(r) for r in train} & {key(r) for r in test}
     assert {extra_info_of(r)["family"] for r in train} == set(FAMILIES)
 
@@ -58,9 +60,15 @@ def test_a_trace_trains_the_model_turns_and_matches_a_rollout_token_for_token(to
     prompt, response, mask = trace_ids(fmt, messages)
     turns = [m["content"] for m in messages if m["role"] == "assistant"]
     trained = [t for t, m in zip(response, mask) if m]
-    want = [i for turn in turns for i in tokenizer(turn, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]]
+    want = [
+        i
+        for turn in turns
+        for i in tokenizer(turn, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    ]
     assert trained == want
-    assert "catalog" in tokenizer.decode(prompt) and tokenizer.decode(prompt).endswith("<|im_start|>assistant\n")
+    assert "catalog" in tokenizer.decode(prompt) and tokenizer.decode(prompt).endswith(
+        "<|im_start|>assistant\n"
+    )
     # a stand-in model replaying the same turns through the agent loop, with the real tools
     model = ScriptedModel(tokenizer, lambda text, k: turns[k])
     agent = AgentRollout(model, tokenizer, tools)

@@ -211,6 +211,36 @@ class VLLMGenerator:
         grouped = [texts[i * per_prompt : (i + 1) * per_prompt] for i in range(len(conversations))]
         return [g * sampling.n if greedy else g for g in grouped]
 
+    def generate_trajectories(
+        self, conversations: list[list[dict]], sampling: Sampling, env: dict, rows: list[dict] | None = None
+    ) -> list[list[dict]]:
+        """Multi-turn answers with tools / an environment (`env`: the training `env.*` keys), through the
+        training rollout's own agent loop (train/rollout/agent_loop.py). out[i][j] = sample j of
+        conversation i: {"text": the final turn, "episode": its turns, tool calls and stop reason}."""
+        if self.engine is None or self.tokenizer is None:
+            raise GenerationError("no checkpoint loaded: call load(path) first")
+        from train.env.registry import build_agent
+        from train.rollout.base import SamplingConfig
+
+        rows = rows or [{"prompt": c} for c in conversations]
+        agent = build_agent(env, self.engine, self.tokenizer, say=lambda line: print(line, flush=True))
+        try:
+            greedy = sampling.temperature == 0.0
+            per_prompt = 1 if greedy else sampling.n
+            config = SamplingConfig(
+                n=per_prompt, temperature=sampling.temperature, top_p=sampling.top_p,
+                max_new_tokens=sampling.max_tokens, seed=sampling.seed,
+            )  # fmt: skip
+            batch = agent.generate(agent.encode(rows), rows, config)
+        finally:
+            agent.close()
+        self.stats.samples += len(batch)
+        self.stats.prompt_tokens += sum(len(p) for p in batch.prompt_ids)
+        self.stats.completion_tokens += sum(sum(m) for m in batch.token_mask)
+        out = [{"text": t, "episode": e} for t, e in zip(batch.texts, batch.episodes)]
+        grouped = [out[i * per_prompt : (i + 1) * per_prompt] for i in range(len(conversations))]
+        return [g * sampling.n if greedy else g for g in grouped]
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
