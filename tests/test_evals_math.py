@@ -237,10 +237,8 @@ def test_math_with_tools_scores_answers_and_tool_use(tiny_model):
 
     def script(text, turn):
         if expression in text and turn == 0:
-            return (
-                '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
-                % expression
-            )
+            arguments = json.dumps({"expression": expression})
+            return f'<tool_call>{{"name": "calculator", "arguments": {arguments}}}</tool_call>'
         if expression in text:
             return "The answer is " + text.split("<tool_response>\n")[1].split("\n")[0] + "."
         return "The answer is 7."
