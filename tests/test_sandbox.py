@@ -246,3 +246,52 @@ def test_python_tool_messages(mechanism):
     assert function["name"] == "python" and function["parameters"]["required"] == ["code"]
     with pytest.raises(ValueError, match="mechanism='docker'"):
         PythonTool(mechanism="docker")
+
+
+UNPRIVILEGED = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from train.env import sandbox
+bomb = "import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n"
+escape = "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(30)\\nprint('parent done')"
+out = {}
+for mechanism in ("bwrap", "rlimits"):
+    try:
+        sandbox.choose(mechanism)
+    except RuntimeError as exc:
+        out[mechanism] = str(exc)
+        continue
+    limits = sandbox.Limits(wall_s=1, cpu_s=1, max_procs=8)
+    runs = [sandbox.run(src, limits, mechanism) for src in (bomb, escape, "print('x' * 10**7)")]
+    out[mechanism] = [[r.killed, r.reason, len(r.stdout)] for r in runs]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="runs the caller as an unprivileged uid, which needs root")
+def test_unprivileged_caller():
+    """The paths a caller without root takes (own uid, session and namespace kill), run as a uid of no one."""
+    uid = sandbox.UID_BASE + sandbox.UID_SLOTS + 1
+    python = "/usr/bin/python3"
+    done = subprocess.run(
+        [python, "-I", "-c", UNPRIVILEGED, REPO], user=uid, group=uid, extra_groups=[], env={},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if "ModuleNotFoundError" in done.stderr or "PermissionError" in done.stderr:
+        pytest.skip(f"uid {uid} cannot import the repository from {REPO}: {done.stderr.splitlines()[-1]}")
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert isinstance(results["rlimits"], list)
+    for mechanism, runs in results.items():
+        if isinstance(runs, str):
+            continue  # bwrap not usable here
+        expected = [
+            [True, "wall time 1 s exceeded", 0],
+            [False, "", 12],
+            [True, "output over 65536 bytes", 65536],
+        ]
+        assert runs == expected, mechanism
+    deadline = time.monotonic() + 2  # a pid namespace is torn down by the kernel, a moment after its end
+    while sandbox._live_pids(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox._live_pids(uid) == []  # the bomb and the setsid() child are gone too

@@ -11,8 +11,9 @@ of output). Two mechanisms, chosen once per process (`mechanism="auto"`) and log
   no new privileges. As root the program runs as a dedicated uid, so RLIMIT_NPROC holds, the trainer's files
   and /proc/<pid>/environ are unreadable and it can write only to world-writable folders, which are swept of
   that uid's files afterwards. Not root: its own uid with RLIMIT_NPROC at its current process count plus a
-  margin, and its process group and session killed at the end (a program that starts a new session escapes
-  this weakest mode). The network stays reachable in both `rlimits` cases.
+  margin, and at the end its session and every process still running its file killed (a child that starts
+  a new session and then runs another program escapes this weakest mode, which also cannot stop writes
+  wherever the user may write). The network stays reachable in both `rlimits` cases.
 
 Both: rlimits on CPU seconds, address space, processes, file size and open files; an empty environment; a fresh
 working folder removed afterwards; stdout and stderr read up to a byte cap each (past it the program is
@@ -207,7 +208,7 @@ def _run(source: str, limits: Limits, mech: Mechanism) -> Result:
         try:
             out, err, why = _collect(proc, limits, start)
         finally:
-            _kill_tree(proc, uid, mech.python)
+            _kill_tree(proc, uid, mech.python, workdir)
             status = proc.wait()
     finally:
         if uid is not None:
@@ -347,13 +348,23 @@ def _kill_uid(uid: int, python: str) -> None:
     raise RuntimeError(f"sandbox: processes of uid {uid} survive kill(-1, SIGKILL): {_live_pids(uid)}")
 
 
-def _kill_tree(proc: subprocess.Popen, uid: int | None, python: str) -> None:
+def _kill_tree(proc: subprocess.Popen, uid: int | None, python: str, workdir: str) -> None:
+    """Kill the program and everything it started, and wait until they are gone."""
     if uid is not None:
         _kill_uid(uid, python)
         return
-    sid = proc.pid  # start_new_session: the program's session and process group
-    for _ in range(50):
-        members = [pid for pid in _live_pids(os.getuid()) if pid != os.getpid() and _session(pid) == sid]
+    # not root: the session Popen started (start_new_session), every process running the program's file
+    # (a setsid() child that did not exec), and under bwrap every process of the pid namespace its first
+    # child leads (a setsid() inside leaves the session, never the namespace)
+    me, sid, main = os.getpid(), proc.pid, os.path.join(workdir, "main.py").encode()
+    spaces = {_pid_ns(pid) for pid in _live_pids(os.getuid()) if _field(pid, 1) == proc.pid} - {_pid_ns(me)}
+    for _ in range(100):
+        members = [
+            pid
+            for pid in _live_pids(os.getuid())
+            if pid != me
+            and (_field(pid, 3) == sid or _pid_ns(pid) in spaces - {None} or main in _cmdline(pid))
+        ]
         if not members:
             return
         for pid in members:
@@ -364,11 +375,27 @@ def _kill_tree(proc: subprocess.Popen, uid: int | None, python: str) -> None:
         time.sleep(0.01)
 
 
-def _session(pid: int) -> int | None:
+def _field(pid: int, index: int) -> int | None:
+    """A number from /proc/<pid>/stat after the command name: 1 the parent, 3 the session."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[4])
+            return int(f.read().rsplit(")", 1)[1].split()[index])
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _pid_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
         return None
 
 
