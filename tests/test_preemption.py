@@ -125,10 +125,11 @@ def test_a_step_longer_than_the_grace_is_abandoned(tiny_model, tmp_path):
     cmd = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 4, 1, 6.0), "preempt_grace_s=1"]
     proc = start(cmd, env, log)
     deadline = time.time() + 600
-    while not ckpt.is_complete(ckpt.step_dir(run_dir, 1)):
+    while f"checkpoint {ckpt.step_dir(run_dir, 1)}" not in log.read_text():  # the save of step 1 ended
         if proc.poll() is not None or time.time() > deadline:
             pytest.fail(f"no checkpoint 1: {log.read_text()[-3000:]}")
         time.sleep(0.2)
+    time.sleep(0.5)  # into step 2 (a signal during the save would stop after it, step 2 never started)
     code, secs = signal_after_step(proc, run_dir, log, 1, signal.SIGTERM, group=False)
     out = log.read_text()
     print(

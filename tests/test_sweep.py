@@ -238,6 +238,25 @@ def test_failed_job_is_failed_in_mlflow_with_its_error(tiny_model, tmp_path):
     assert "make sweep-resume EXP=tinysweep" in status.stdout
 
 
+def test_an_override_of_a_grid_key_is_refused_in_one_line():
+    """`make sweep EXP=darling_math OVERRIDES="seed=2"` ran the grid's seeds 1 and 2, with no word."""
+    from train.sweep import plan
+
+    with pytest.raises(ConfigError) as caught:
+        plan("darling_math", ["seed=2"])
+    assert str(caught.value) == (
+        "seed=2: seed is also a grid key of darling_math (sweep.grid.seed: [1, 2]), whose values would replace "
+        'it; to run only that value give it as GRID="seed=2" (--grid seed=2), not as an override'
+    )
+    with pytest.raises(ConfigError, match=r"^\+\+reward.combine=quality: reward.combine is also a grid key"):
+        plan("darling_math", ["++reward.combine=quality"])
+    with pytest.raises(
+        ConfigError, match=r"^optim.lr=1e-6: optim.lr is also a --grid key \(sweep.grid.optim.lr: \[1e-05\]"
+    ):
+        plan("darling_math", ["optim.lr=1e-6"], {"optim.lr": [1e-5]})
+    assert [p["seed"] for p, _ in plan("darling_math", [], {"seed": [2]})[1]] == [2, 2]  # the way to do it
+
+
 def test_bad_sweep_input_submits_nothing(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RLPOST_OUTPUTS": str(tmp_path / "out"),
            "SLURM_CONF": str(tmp_path / "no-slurm.conf")}  # fmt: skip
@@ -256,6 +275,7 @@ def test_bad_sweep_input_submits_nothing(tmp_path):
             "unknown cluster profile 'nocluster'",
         ),
         (["grpo_math", "--cluster", "local"], "--cluster local needs --launcher slurm"),
+        (["darling_math", "seed=2"], "seed=2: seed is also a grid key of darling_math"),
         (["grpo_math", "--launcher", "slurm", "--cluster", "local"], "Slurm is not"),  # SLURM_CONF: nowhere
     ]:
         run = sweep_cli(env, *args, timeout=120)

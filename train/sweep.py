@@ -107,6 +107,7 @@ def plan(
     exp = load_experiment(experiment)
     sweep = exp.get("sweep", {}) or {}
     grid = OmegaConf.to_container(sweep.get("grid", {}) or {}, resolve=True)
+    refuse_grid_keys_in(overrides, grid, grid_overrides or {}, experiment)
     grid.update(grid_overrides or {})
     points = []
     staged = bool(exp.get("stages"))
@@ -122,6 +123,27 @@ def plan(
             cfg = build_config(experiment, point_overrides)
         points.append((point, cfg))
     return exp, points
+
+
+def _bare_key(override: str) -> str:
+    """`+key=v`, `++key=v`, `~key` -> key."""
+    return override.partition("=")[0].strip().lstrip("+~")
+
+
+def refuse_grid_keys_in(overrides: list[str], grid: dict, grid_overrides: dict, experiment: str) -> None:
+    """ConfigError when an override sets a key the grid also sets: each point's grid value would replace
+    it in silence (`make sweep EXP=darling_math OVERRIDES="seed=2"` ran seeds 1 and 2)."""
+    keys = {_bare_key(k): k for k in [*grid, *grid_overrides]}
+    for override in overrides:
+        key, value = _bare_key(override), override.partition("=")[2].strip()
+        if key in keys:
+            values = grid_overrides.get(keys[key], grid.get(keys[key]))
+            given = "a --grid key" if keys[key] in grid_overrides else f"a grid key of {experiment}"
+            raise ConfigError(
+                f"{override.strip()}: {key} is also {given} (sweep.grid.{key}: {values}), whose values would "
+                f'replace it; to run only that value give it as GRID="{key}={value}" (--grid {key}={value}), '
+                "not as an override"
+            )
 
 
 def refuse_placed_keys(keys: list[str], last_stage: str | None = None) -> None:
