@@ -70,6 +70,7 @@ from train.policy.packed_logprobs import (
     warm_up,
 )
 from train.policy.precision import PRECISIONS, resolve_precision
+from train.policy.segments import for_training
 
 # loss_fn(micro_batch, log_probs (b, R), entropy (b, R) | None) -> (loss scalar, metrics)
 LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
@@ -170,7 +171,8 @@ class Policy:
             # FSDP2 fixes each unit's gradient reduce dtype at its first forward from the parameters that
             # require grad then; PEFT's disable_adapter() (the reference pass) turns that off on the adapters,
             # so the first forward runs here, adapters on (a one-token batch; collective on every rank)
-            self.compute_log_probs([[self.pad_id]], [[self.pad_id]])
+            # (the allocator's segments untouched: the engine may not have started yet, segments.py)
+            self._log_probs([[self.pad_id]], [[self.pad_id]])
         if trainable:
             model.train()
             # fused: one kernel over all parameters; torch's default on CPU is a per-tensor Python loop
@@ -288,6 +290,13 @@ class Policy:
         self, prompt_ids: list[list[int]], response_ids: list[list[int]], with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher-forced log-probs (N, R_max) of each response token (zeros past the end)."""
+        for_training()  # expandable segments (segments.py): the engine sleeps from here to the weight sync
+        return self._log_probs(prompt_ids, response_ids, with_entropy)
+
+    @torch.no_grad()
+    def _log_probs(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]], with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         n, width = len(response_ids), max(max(len(r) for r in response_ids), 1)
         log_probs = torch.zeros(n, width)
         entropy = torch.zeros(n, width) if with_entropy else None
@@ -317,6 +326,7 @@ class Policy:
         multiply by the world size, since FSDP averages gradients over ranks.
         """
         assert self.optimizer is not None, "reference policy is frozen"
+        for_training()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         count = 0

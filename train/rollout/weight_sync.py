@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from train.policy.segments import for_engine
+
 ADAPTER, MERGED = "adapter", "merged"
 
 
@@ -31,7 +33,9 @@ def sync_mode(policy, engine) -> str:
 
 def sync_weights(policy, engine) -> dict[str, float]:
     """Load the policy's current weights into `engine` (collective: every rank gathers each tensor).
-    Returns {rollout/weight_sync_adapter: 1 | 0, perf/weight_sync_bytes: bytes handed to the engine}."""
+    Returns {rollout/weight_sync_adapter: 1 | 0, perf/weight_sync_bytes: bytes handed to the engine}.
+    The CUDA allocator leaves expandable segments first: the engine wakes here (train/policy/segments.py)."""
+    for_engine()
     if sync_mode(policy, engine) == ADAPTER:
         tensors = dict(policy.adapter_weights())
         size = sum(t.numel() * t.element_size() for t in tensors.values())
