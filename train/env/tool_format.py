@@ -89,7 +89,8 @@ class ChatFormat:
     """Renders prompts and observations for one tokenizer and tool set, natively or in the fallback format."""
 
     # a fixed conversation the deltas are taken after: what precedes an observation is always a model turn
-    _BASE = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "."}]
+    _MARK = "MODEL-TURN-7f3a"
+    _BASE = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
 
     def __init__(self, tokenizer, schemas: list[dict[str, Any]], native: bool | None = None) -> None:
         self.tokenizer = tokenizer
@@ -139,14 +140,16 @@ class ChatFormat:
         the new messages' headers and contents, the assistant header) is the rendering's difference. A turn
         cut by the token limit has no end-of-turn token: the template's one is written here, as the
         environment's."""
-        before = self._render(self._BASE, generation_prompt=False)
         after = self._render(self._BASE + messages, generation_prompt=True)
         end = self.tokenizer.eos_token or ""
-        if end and end in before:  # continue from the end of the last model turn
-            before = before[: before.rindex(end) + (len(end) if after_end_of_turn else 0)]
-        if not after.startswith(before):
-            raise ValueError("the chat template renders earlier turns differently when messages follow")
-        return self.tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
+        # what follows the model turn's content (templates may render the turn itself differently when it is
+        # not the last message, e.g. Qwen3's empty think block: only what comes after its content is used)
+        delta = after[after.index(self._MARK) + len(self._MARK) :]
+        if after_end_of_turn and end:
+            if not delta.startswith(end):
+                raise ValueError(f"the chat template does not end a model turn with {end!r}")
+            delta = delta[len(end) :]
+        return self.tokenizer(delta, add_special_tokens=False)["input_ids"]
 
 
 def trace_ids(fmt: ChatFormat, messages: list[dict]) -> tuple[list[int], list[int], list[int]]:
