@@ -61,7 +61,8 @@ os.execv(sys.executable, [sys.executable, "-E", "-s", "-u", sys.argv[6]])
 @dataclass(frozen=True)
 class Limits:
     """What one program may use. `disk_mb` sizes the working folder and /dev/shm under bwrap; `rlimits` bounds
-    each file by `file_mb` only. `max_procs` counts the program's own processes, the first one included."""
+    each file by `file_mb` only. `max_procs` counts the program's own processes, the first one included (under
+    `rlimits` also its uid's dead processes not yet reaped, as RLIMIT_NPROC does)."""
 
     wall_s: float = 5.0
     cpu_s: int = 5
@@ -187,7 +188,6 @@ def _probe_rlimits() -> Mechanism:
 
 def _run(source: str, limits: Limits, mech: Mechanism) -> Result:
     uid, lock = _acquire_uid() if os.geteuid() == 0 else (None, -1)
-    start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="rlpost-sandbox-")
     try:
         with open(os.path.join(workdir, "main.py"), "w") as f:
@@ -197,7 +197,8 @@ def _run(source: str, limits: Limits, mech: Mechanism) -> Result:
             os.chown(workdir, uid, uid)
             _kill_uid(uid, mech.python)  # anything left by a holder that crashed
         counted = uid if uid is not None else os.getuid()
-        nproc = limits.max_procs + (1 if mech.name == "bwrap" else len(_live_pids(counted)))
+        nproc = limits.max_procs + (1 if mech.name == "bwrap" else len(_live_pids(counted, zombies=True)))
+        start = time.monotonic()  # the wall limit counts from the program's start
         try:
             proc = subprocess.Popen(
                 mech.command(workdir, limits, nproc), cwd=workdir, env={}, stdin=subprocess.DEVNULL,
@@ -273,7 +274,8 @@ def _acquire_uid() -> tuple[int, int]:
     """A sandbox uid no other sandbox (in any process) holds, and the locked file that holds it."""
     folder = _lock_dir()
     while True:
-        for uid in range(UID_BASE, UID_BASE + UID_SLOTS):
+        in_use = _uids_with_processes()  # zombies too: a uid whose dead are not yet reaped comes last
+        for uid in sorted(range(UID_BASE, UID_BASE + UID_SLOTS), key=lambda uid: uid in in_use):
             if _has_account(uid):
                 continue  # a real account: never kill(-1) as it
             fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -305,6 +307,17 @@ def _lock_dir() -> str:
     )
 
 
+def _uids_with_processes() -> set[int]:
+    uids = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                uids.add(os.stat(f"/proc/{name}").st_uid)
+            except OSError:
+                pass  # gone meanwhile
+    return uids
+
+
 def _has_account(uid: int) -> bool:
     try:
         pwd.getpwuid(uid)
@@ -313,14 +326,14 @@ def _has_account(uid: int) -> bool:
         return False
 
 
-def _live_pids(uid: int) -> list[int]:
-    """Processes of `uid` that are not zombies (a zombie is dead, just not yet reaped)."""
+def _live_pids(uid: int, zombies: bool = False) -> list[int]:
+    """Processes of `uid`, without zombies unless asked (dead, not yet reaped; RLIMIT_NPROC still counts them)."""
     pids = []
     for name in os.listdir("/proc"):
         try:
             if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
                 with open(f"/proc/{name}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                    if zombies or f.read().rsplit(")", 1)[1].split()[0] not in "ZX":
                         pids.append(int(name))
         except (OSError, IndexError):
             pass  # gone meanwhile
