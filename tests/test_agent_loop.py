@@ -277,16 +277,16 @@ def test_threads_end_with_the_rollout(tokenizer):
 # A chat template of our own with tools in the Hermes / Qwen style: schemas in the system turn, results as
 # <tool_response> blocks in a user turn, and (as Qwen3's) the last assistant turn rendered differently.
 NATIVE_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nTOOLS:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- if tools %}<|im_start|>system\nTOOLS:{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}<|im_end|>\n{% endif %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
-    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
-    "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n{% if loop.last %}<think></think>{% endif %}"
-    "{{ m.content }}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
+    "{%- elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% if loop.last %}<think></think>{% endif %}"
+    "{{ m.content + '<|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     "{# the model answers with <tool_call> JSON #}"
 )
 
@@ -298,7 +298,7 @@ def test_a_template_with_tools_renders_them_itself(tiny_model):
     assert fmt.native and fmt.name == "native"
     prompt = tok.decode(fmt.prompt_ids(ROW["prompt"]))
     assert (
-        prompt.startswith('<|im_start|>system\nTOOLS:{"type": "function"')
+        prompt.startswith('<|im_start|>system\nTOOLS:\n{"type": "function"')
         and "You can call tools" not in prompt
     )
     obs = tok.decode(fmt.observation_ids(fmt.as_messages(["a", "b"], "tool")))
