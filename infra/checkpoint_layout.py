@@ -25,6 +25,7 @@ ends (`crc32_ends`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import zlib
@@ -76,9 +77,14 @@ def damage(checkpoint: str | Path) -> str | None:
         meta = read_meta(p)
     except (OSError, ValueError) as exc:
         return f"{META} unreadable ({getattr(exc, 'strerror', None) or exc})"
-    files = meta.get(MANIFEST) if isinstance(meta, dict) else None
-    sums = (meta.get(CHECKSUMS) if isinstance(meta, dict) else None) or {}
-    if not isinstance(files, dict):
+    except RecursionError:
+        return f"{META} unreadable (nested too deep)"
+    why = _meta_problem(meta)
+    if why is not None:
+        return why
+    files = meta.get(MANIFEST)
+    sums = meta.get(CHECKSUMS) or {}
+    if files is None:
         files = dict.fromkeys(LEGACY_FILES, None)
     for rel, size in files.items():
         try:
@@ -97,6 +103,41 @@ def damage(checkpoint: str | Path) -> str | None:
                     return f"{rel} has other bytes than when it was saved (checksum of its ends differs)"
             except OSError as exc:
                 return f"{rel} is unreadable ({exc.strerror or exc})"
+    return None
+
+
+def _number(value, kind=int) -> bool:
+    return (
+        isinstance(value, kind)
+        and not isinstance(value, bool)
+        and (kind is not float or math.isfinite(value))
+    )
+
+
+def _meta_problem(meta) -> str | None:
+    """Why a parsed meta.json cannot describe a step (a field of the wrong type, a manifest naming a
+    file outside the step), or None."""
+    if not isinstance(meta, dict):
+        return f"{META} holds {type(meta).__name__}, not an object"
+    if "step" in meta and not (_number(meta["step"]) and meta["step"] >= 0):
+        return f"{META}'s step is {str(meta['step'])[:40]!r}, not a step number"
+    if "time" in meta and not (
+        (_number(meta["time"]) and abs(meta["time"]) < 2**63) or _number(meta["time"], float)
+    ):
+        return f"{META}'s time is {str(meta['time'])[:40]!r}, not a time"
+    files, sums = meta.get(MANIFEST), meta.get(CHECKSUMS)
+    for name, value in ((MANIFEST, files), (CHECKSUMS, sums)):
+        if value is not None and not isinstance(value, dict):
+            return f"{META}'s {name} is {type(value).__name__}, not a mapping of files"
+    for rel, size in (files or {}).items():
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or ".." in parts:
+            return f"{META}'s {MANIFEST} names {rel[:60]!r}, not a file inside the step"
+        if not (_number(size) and size >= 0):
+            return f"{META}'s {MANIFEST} records {str(size)[:40]!r} bytes for {rel[:60]}"
+    bad = next((rel for rel, crc in (sums or {}).items() if not isinstance(crc, str)), None)
+    if bad is not None:
+        return f"{META}'s {CHECKSUMS} entry for {bad[:60]!r} is not a checksum"
     return None
 
 

@@ -105,8 +105,7 @@ def plan(
     """Validate every point's config before anything is submitted. `grid_overrides` replace (or add)
     grid keys: `make sweep EXP=x GRID="seed=1"` runs one seed of every other grid value."""
     exp = load_experiment(experiment)
-    sweep = exp.get("sweep", {}) or {}
-    grid = OmegaConf.to_container(sweep.get("grid", {}) or {}, resolve=True)
+    grid = sweep_grid(exp, experiment)
     refuse_grid_keys_in(overrides, grid, grid_overrides or {}, experiment)
     grid.update(grid_overrides or {})
     points = []
@@ -123,6 +122,36 @@ def plan(
             cfg = build_config(experiment, point_overrides)
         points.append((point, cfg))
     return exp, points
+
+
+def sweep_grid(exp: DictConfig, experiment: str) -> dict[str, list]:
+    """The experiment's `sweep.grid` as {key: [values]}, or ConfigError naming what in its `sweep:` section is
+    wrong (the file itself and its sections' kinds are checked by load_experiment)."""
+    sweep = exp.get("sweep") or {}
+    try:
+        grid = OmegaConf.to_container(sweep.get("grid") or OmegaConf.create(), resolve=True)
+        max_parallel = sweep.get("max_parallel", 0)
+    except Exception as exc:  # noqa: BLE001 - an interpolation that does not resolve, a grid that is a list
+        raise ConfigError(
+            f"experiment {experiment}: sweep.grid cannot be read ({str(exc).splitlines()[0][:120]})"
+        ) from None
+    if not isinstance(grid, dict):
+        raise ConfigError(
+            f"experiment {experiment}: sweep.grid is {str(grid)[:40]!r}, not a mapping of key: [values]"
+        )
+    for key, values in grid.items():
+        if isinstance(values, list) and any(isinstance(v, (list, dict)) for v in values):
+            raise ConfigError(
+                f"experiment {experiment}: sweep.grid.{key} holds a list or mapping; its values must be plain values"
+            )
+    if max_parallel is not None and not (
+        isinstance(max_parallel, int) and not isinstance(max_parallel, bool) and max_parallel >= 0
+    ):
+        raise ConfigError(
+            f"experiment {experiment}: sweep.max_parallel is {str(max_parallel)[:40]!r}, not a count >= 0"
+        )
+    expand_grid(grid)  # each key a non-empty list
+    return grid
 
 
 def _bare_key(override: str) -> str:
