@@ -64,7 +64,7 @@ from infra.checkpoint_layout import (
     step_name,
     step_of,
 )
-from train.launch.preempt import preempted_in
+from train.launch.preempt import exceptions_in, preempted_in
 
 
 class CheckpointError(RuntimeError):
@@ -240,20 +240,11 @@ def _save_failure(exc: BaseException, root: Path) -> str | None:
     per-rank failures included), e.g. "no space left on device writing .../state/__0_0.distcp", or on a
     full file system (torch's C++ writers report a full disk as "file write failed" or "unexpected pos",
     without the errno); None for any other failure (a bug: the caller re-raises it)."""
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in exceptions_in(exc):
         if isinstance(e, OSError):
             what = (e.strerror or str(e)).lower() if e.errno != errno.ENOSPC else "no space left on device"
             where = e.filename or ""
             return f"{what} writing {where}".strip() if where else what
-        todo += [e.__cause__, e.__context__]
-        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
-        if isinstance(failures, dict):  # rank -> (exception, its stack summary)
-            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
     try:
         usage = shutil.disk_usage(root)
     except OSError:

@@ -74,23 +74,26 @@ class Preempted(BaseException):
                    d.get("received_at"), bool(d.get("saving")))  # fmt: skip
 
 
-def preempted_in(exc: BaseException) -> Preempted | None:
-    """The `Preempted` inside `exc` (itself, its cause or context, or one of the per-rank failures
-    torch.distributed.checkpoint's CheckpointException carries), or None: a save abandoned past the
-    budget ends the run as preempted, not as failed."""
+def exceptions_in(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then (breadth first) its causes and contexts and the per-rank failures that
+    torch.distributed.checkpoint's CheckpointException carries, each once."""
     seen, todo = set(), [exc]
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, Preempted):
-            return e
+        yield e
         todo += [e.__cause__, e.__context__]
         failures = getattr(e, "failures", None)  # rank -> (exception, its stack summary)
         if isinstance(failures, dict):
             todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
-    return None
+
+
+def preempted_in(exc: BaseException) -> Preempted | None:
+    """The `Preempted` inside `exc` (see `exceptions_in`), or None: a save abandoned past the budget
+    ends the run as preempted, not as failed."""
+    return next((e for e in exceptions_in(exc) if isinstance(e, Preempted)), None)
 
 
 def signame(signum: int) -> str:
