@@ -116,6 +116,12 @@ def samples_of(suite: str, record: dict) -> list[dict]:
     correct = correct if isinstance(correct, list) else [correct] * len(responses)
     scores = record.get("rm_scores") or record.get("scores") or []
     extra = {k: record[k] for k in ("subject", "level") if k in record}
+    trajectories = record.get(
+        "trajectories"
+    )  # multi-turn answers (--tools): every turn, labelled by who wrote it
+    if isinstance(trajectories, list) and len(trajectories) == len(responses):
+        responses = [_turns_text(t) if isinstance(t, list) else r for t, r in zip(trajectories, responses)]
+        extra |= {k: record[k] for k in ("tool_calls", "turns") if k in record}
     return [
         base
         | {
@@ -130,6 +136,15 @@ def samples_of(suite: str, record: dict) -> list[dict]:
         }
         for k, text in enumerate(responses)
     ]
+
+
+def _turns_text(turns: list) -> str:
+    """A trajectory's turns as text, each headed by who wrote it ([model] / [environment])."""
+    heads = {"model": "[model]", "env": "[environment]"}
+    return "\n\n".join(
+        f"{heads.get(t.get('role'), '[?]')}\n{t.get('text', '')}" if isinstance(t, dict) else str(t)
+        for t in turns
+    )
 
 
 LIST_FIELDS = ("answers", "generations", "classes", "ratings", "scores", "rm_scores")  # list or null

@@ -153,3 +153,36 @@ def test_a_darling_step_and_validation_log_their_samples(tiny_model, vllm_engine
             [r["reward"] - mean for r in rec["responses"]]
         )
     assert len(advantages) == 6
+
+
+def test_multi_turn_records_keep_each_turn_and_who_wrote_it():
+    from train.samples import sample_records
+
+    episodes = [
+        {"segments": [{"role": "model", "text": "call"}, {"role": "env", "text": "42"}, {"role": "model", "text": "42"}],
+         "tool_calls": 1, "stop": "answered"},
+        {"segments": [{"role": "model", "text": "7"}], "tool_calls": 0, "stop": "answered"},
+    ]  # fmt: skip
+    rows = [{"prompt": [{"role": "user", "content": "q"}], "ground_truth": "42"}] * 2
+    (record,) = sample_records("train", 1, rows, ["42", "7"], [0, 0], [1.0, 0.0], episodes=episodes)
+    first, second = record["responses"]
+    assert first["turns"] == [
+        {"role": "model", "text": "call"},
+        {"role": "env", "text": "42"},
+        {"role": "model", "text": "42"},
+    ]
+    assert first["tool_calls"] == 1 and second["turns"] == [{"role": "model", "text": "7"}]
+    (plain,) = sample_records("train", 1, rows, ["42", "7"], [0, 0], [1.0, 0.0])
+    assert "turns" not in plain["responses"][0]
+
+
+def test_eval_samples_with_tools_show_every_turn_labelled():
+    from analysis.sample_index import samples_of
+
+    record = {"id": "t/0", "dataset": "tool_math", "gold": "6", "responses": ["6"], "answers": ["6"], "correct": [1.0],
+              "tool_calls": [1], "turns": [2],
+              "trajectories": [[{"role": "model", "text": "<tool_call>x</tool_call>"}, {"role": "env", "text": "6"},
+                                {"role": "model", "text": "6"}]]}  # fmt: skip
+    (s,) = samples_of("math", record)
+    assert s["response"] == "[model]\n<tool_call>x</tool_call>\n\n[environment]\n6\n\n[model]\n6"
+    assert s["extra"]["tool_calls"] == [1] and s["correct"] == 1

@@ -71,6 +71,7 @@ def sample_records(
     lengths: list[int] | None = None,
     finish_reasons: list[str] | None = None,
     max_groups: int | None = None,
+    episodes: list[dict] | None = None,
 ) -> list[dict]:
     """One record per group (in order of first appearance; the first `max_groups`), its responses in order.
 
@@ -112,6 +113,10 @@ def sample_records(
             response["length"] = int(lengths[i])
         if finish_reasons is not None:
             response["finish"] = finish_reasons[i]
+        if episodes:  # multi-turn: each turn in order, the model's and the environment's told apart
+            ep = episodes[i]
+            response["turns"] = [{"role": s["role"], "text": s["text"]} for s in ep["segments"]]
+            response["tool_calls"], response["stop"] = ep["tool_calls"], ep["stop"]
         record["responses"].append(response)
     return [by_group[g] for g in kept]
 
@@ -178,5 +183,6 @@ def log_rollout(
         [len(r) for r in rollout.response_ids],
         rollout.finish_reasons,
         max_groups=TRAIN_GROUPS if kind == "train" else None,
+        episodes=getattr(rollout, "episodes", None),
     )
     write_samples(tracker, kind, step, records)

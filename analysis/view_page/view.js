@@ -79,7 +79,8 @@ function groupCell(record) {
     const label = r.answer !== null && r.answer !== undefined ? r.answer : (r.text || "").trim().slice(0, 24) || "∅";
     const tip = [`${classKey(r)}`, `reward ${fmt(r.reward)}`, `correct ${fmt(r.correct)}`, `quality ${fmt(r.quality)}`,
       `diversity ${fmt(r.diversity)}`, `advantage ${fmt(r.advantage)}`, `length ${fmt(r.length)} (${r.finish || "?"})`,
-      "", r.text].join("\n");
+      "", ...(Array.isArray(r.turns)  // multi-turn: every turn, the model's and the environment's told apart
+        ? r.turns.map((t) => `[${t.role === "env" ? "environment" : "model"}] ${t.text}`) : [r.text])].join("\n");
     return el("span", { class: "chip" + (r.correct === 0 ? " wrong" : ""), style: `background:${colour}`, title: tip },
       label + (r.correct === 1 ? " ✓" : r.correct === 0 ? " ✗" : ""));
   });
