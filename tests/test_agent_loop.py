@@ -4,6 +4,7 @@ token in / token out, the model-token mask, error observations, stops, and async
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -308,3 +309,25 @@ def test_a_template_with_tools_renders_them_itself(tiny_model):
     )
     fallback = ChatFormat(AutoTokenizer.from_pretrained(tiny_model), [Echo().schema()])
     assert not fallback.native and "You can call tools" in tok.decode(fallback.prompt_ids(ROW["prompt"]))
+
+
+def test_env_config_names_tools_plans_the_trajectory_and_refuses_bad_entries():
+    from train.config import ConfigError, build_config, validate
+    from train.env.registry import enabled, tool_entries
+    from train.plan import response_budget
+
+    assert tool_entries("calculator, python") == ["calculator", "python"] and tool_entries("none") == []
+    cfg = build_config(overrides=["env.tools=[calculator]", "env.max_turns=3", "rollout.max_new_tokens=50"])
+    validate(cfg)
+    assert enabled(cfg.env) and response_budget(cfg) == 150  # the whole trajectory, not one turn
+    assert response_budget(build_config(overrides=["rollout.max_new_tokens=50"])) == 50
+    for bad, said in [
+        ("env.tools=[abacus]", "env.tools[0]='abacus': unknown name"),
+        (
+            "env.interaction={_target_: train.env.interactions.answer_check.AnswerCheck, bogus: 1}",
+            "takes no argument 'bogus'",
+        ),
+        ("data.prompt_template=r1_zero", "need the chat template"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            validate(build_config(overrides=["env.tools=[calculator]", bad]))

@@ -251,9 +251,9 @@ class EnvConfig:
     multi_turn: bool | None = (
         None  # null: on when tools or an interaction are set; true: the agent loop even without
     )
-    tools: list[Any] = field(
+    tools: Any = field(
         default_factory=list
-    )  # names (calculator, python: train/env/registry.py) or {_target_: ..., <kwargs>} entries
+    )  # a list of names (calculator, python, catalog: train/env/registry.py) or {_target_: ...} entries; or "a,b"
     interaction: Any = (
         None  # an environment per trajectory: a name (answer_check) or {_target_: ...}; null = tools only
     )
@@ -597,7 +597,8 @@ def validate_env(cfg: DictConfig) -> None:
 
     env = OmegaConf.to_container(cfg.env, resolve=True)
     try:  # short names resolved, then every component checked where it sits
-        tools = [registry.spec_of(e, registry.TOOLS, f"env.tools[{i}]") for i, e in enumerate(env["tools"])]
+        entries = registry.tool_entries(env["tools"])
+        tools = [registry.spec_of(e, registry.TOOLS, f"env.tools[{i}]") for i, e in enumerate(entries)]
         interaction = env["interaction"]
         if interaction is not None:
             interaction = registry.spec_of(interaction, registry.INTERACTIONS, "env.interaction")

@@ -78,11 +78,12 @@ VLLM_ASLEEP_GIB = 1.0  # what a sleeping vLLM engine keeps (CUDA graph pool)
 
 # Published configs of models the presets name, for planning without the weights at hand
 # (Qwen3-4B-Base: huggingface.co/Qwen/Qwen3-4B-Base config.json; card: 4.0B parameters, 3.6B non-embedding).
-KNOWN_MODELS = {
+KNOWN_MODELS: dict[str, dict] = {
     "Qwen3-4B-Base": {
         "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
     },
+    # Qwen3-4B (the instruct model, tool_math_grpo's paper preset) has Qwen3-4B-Base's shapes (its config.json)
     # Llama-3.1-8B-Instruct and Qwen3-0.6B: their config.json on huggingface.co (meta-llama/..., Qwen/...)
     "Llama-3.1-8B-Instruct": {
         "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -658,6 +659,7 @@ PLAN_KEYS = {
     "prompt_tokens": "",
     "gpus_per_node": "8",
 }
+KNOWN_MODELS["Qwen3-4B"] = KNOWN_MODELS["Qwen3-4B-Base"]
 
 
 def main(argv: list[str] | None = None) -> int:

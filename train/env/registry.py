@@ -20,13 +20,22 @@ INTERACTIONS = {
 }
 
 
+def tool_entries(value: Any) -> list:
+    """`env.tools` as a list: a list as given, or a comma list of names ("calculator,python"; "" or "none": none)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [n.strip() for n in value.split(",") if n.strip() and n.strip() != "none"]
+    return list(value)
+
+
 def enabled(env_cfg: Any) -> bool:
     """Whether `env` asks for multi-turn rollouts: `env.multi_turn`, or (null) any tool or an interaction."""
     if env_cfg is None:
         return False
     if env_cfg.get("multi_turn") is not None:
         return bool(env_cfg.get("multi_turn"))
-    return bool(env_cfg.get("tools")) or env_cfg.get("interaction") is not None
+    return bool(tool_entries(env_cfg.get("tools"))) or env_cfg.get("interaction") is not None
 
 
 def spec_of(entry: Any, names: dict[str, str], key: str) -> dict:
@@ -78,7 +87,7 @@ def build_agent(env_cfg: Any, engine, tokenizer, say=print):
     return AgentRollout(
         engine,
         tokenizer,
-        build_tools(cfg.get("tools") or []),
+        build_tools(tool_entries(cfg.get("tools"))),
         interaction_factory(cfg.get("interaction")),
         max_turns=cfg.get("max_turns", 4),
         max_total_tokens=cfg.get("max_total_tokens"),
