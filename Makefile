@@ -17,7 +17,7 @@ REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: view bench-view setup test sweep sweep-status sweep-resume train bench bench-train bench-profile bench-kernels bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
+.PHONY: view bench-view bench-agent setup test sweep sweep-status sweep-resume train bench bench-train bench-profile bench-kernels bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -106,6 +106,9 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-train: setup $(BENCH_STAMP)
 	$(PY) -m bench.train_step $(OVERRIDES)
+
+bench-agent: setup $(BENCH_STAMP)  ## multi-turn rollouts async vs turn-synchronous at tool latencies; GRPO with a calculator vs TRL
+	$(PY) -m bench.agent_rollout $(if $(OVERRIDES),$(OVERRIDES),--latencies 0,0.1,1 --vs-trl --out bench/results/agent/latest.json)
 
 bench-profile: setup  ## torch profiler over one bf16 GRPO step: time per phase and operator, matmul share, faults
 	$(PY) -m bench.profile_step $(OVERRIDES)
