@@ -331,3 +331,30 @@ def test_env_config_names_tools_plans_the_trajectory_and_refuses_bad_entries():
     ]:
         with pytest.raises(ConfigError, match=re.escape(said)):
             validate(build_config(overrides=["env.tools=[calculator]", bad]))
+
+
+def test_hostile_python_is_one_error_observation_and_spares_the_other_trajectories(tokenizer):
+    from train.env.tools.python import PythonTool
+
+    programs = {
+        "fork": "import os\nwhile True:\n    os.fork()",
+        "loop": "while True:\n    pass",
+        "alloc": "x = bytearray(10 * 1024**3)",
+        "flood": "print('x' * 100_000_000)",
+        "fine": "print(6 * 7)",
+    }
+    rows = [{"prompt": [{"role": "user", "content": name}], "ground_truth": "42"} for name in programs]
+
+    def script(text, turn):
+        name = next(n for n in programs if f"user\n{n}<|im_end|>" in text)
+        return call("python", code=programs[name]) if turn == 0 else "done"
+
+    tool = PythonTool(timeout_s=2.0, memory_mb=256, max_output_bytes=4096)
+    _, batch, _ = rollout(tokenizer, script, [tool], rows=rows, tool_timeout_s=5.0, max_observation_tokens=64)
+    observations = [next(s["text"] for s in e["segments"] if s["role"] == "env") for e in batch.episodes]
+    assert all("<tool_response>\nerror:" in o for o in observations[:4]), observations
+    assert observations[4].split() == ["<tool_response>", "42", "</tool_response>"]  # print adds a newline
+    assert [e["turns"] for e in batch.episodes] == [2] * 5 and [e["stop"] for e in batch.episodes] == [
+        "answered"
+    ] * 5
+    assert env_metrics(batch.episodes)["env/errors_tool_error"] == 4.0

@@ -605,6 +605,17 @@ def validate_env(cfg: DictConfig) -> None:
         check({"env": {"tools": tools, "interaction": interaction}})
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    for i, spec in enumerate(tools):  # the sandbox's own kill must come first, so the model reads why
+        own = spec.get("timeout_s")
+        if (
+            spec["_target_"] == registry.TOOLS["python"]
+            and own is not None
+            and own + 0.5 > env["tool_timeout_s"]
+        ):
+            raise ConfigError(
+                f"env.tools[{i}].timeout_s={own} must be at least 0.5 s below env.tool_timeout_s={env['tool_timeout_s']}"
+                " (the sandbox's kill message would never reach the model): raise env.tool_timeout_s"
+            )
     if cfg.data.prompt_template is not None:
         raise ConfigError(
             f"env.tools / env.interaction need the chat template: data.prompt_template={cfg.data.prompt_template} "

@@ -294,7 +294,8 @@ class AgentRollout:
         try:
             result, kind = str(tool(**arguments)), None
         except Exception as exc:  # noqa: BLE001 -- a tool's failure is the model's observation
-            result, kind = f"error: {str(exc).strip() or type(exc).__name__}", "tool_error"
+            message = str(exc).strip() or type(exc).__name__
+            result, kind = (message if message.startswith("error") else f"error: {message}"), "tool_error"
         return result, kind, time.perf_counter() - tick
 
     def _answer(self, p: _Pending, budget: int, ready: deque) -> None:
