@@ -13,8 +13,7 @@ import torch.distributed as dist
 
 from infra.process_exit import exit_now
 from tests.applied_grads import applied_grads
-from train.algorithms.advantages import compute_grpo_outcome_advantage
-from train.batch import Batch
+from tests.grpo_batch import grpo_batch
 from train.policy.distributed import init_distributed
 from train.policy.fsdp import Policy
 from train.stages.grpo import make_actor_loss_fn
@@ -22,29 +21,14 @@ from train.stages.grpo import make_actor_loss_fn
 
 def main(model: str, out: str, mode: str) -> None:
     rank, world = init_distributed()
-    g = torch.Generator().manual_seed(0)
-    n_groups, n = 4, 4
-    group_prompts = [torch.randint(10, 4000, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-                     for _ in range(n_groups)]  # fmt: skip
-    prompts = [p for p in group_prompts for _ in range(n)]  # a GRPO batch: the shared-prompt layout
-    responses = [torch.randint(10, 4000, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-                 for _ in range(n_groups * n)]  # fmt: skip
-    scores = torch.rand(n_groups * n, generator=g)
-    groups = torch.arange(n_groups).repeat_interleave(n)
-    width = max(len(r) for r in responses)
-    mask = torch.zeros(len(responses), width)
-    for i, r in enumerate(responses):
-        mask[i, : len(r)] = 1
-    adv = compute_grpo_outcome_advantage(scores, groups, mask)
-    per_rank = len(responses) // world
+    batch = grpo_batch(4, 4, 4000, (3, 9), (1, 12))
+    width = batch["response_mask"].shape[1]
+    per_rank = len(batch) // world
     mine = list(range(rank * per_rank, (rank + 1) * per_rank))
     # small token budget: several micro-batches per rank, so accumulation is exercised too
     policy = Policy(model, lr=1e-2, grad_clip=1e9, micro_batch_tokens=40, pad_id=0)
     algo = SimpleNamespace(policy_loss_mode="vanilla", entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k1",
                            clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode=mode)  # fmt: skip
-    batch = Batch(
-        prompts, responses, [], [], [], groups.tolist(), tensors={"advantages": adv, "response_mask": mask}
-    )
     part = batch.select(mine)
     loss_fn = make_actor_loss_fn(algo, part, scale_factor=width, world=world)
     with applied_grads(policy) as grads:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from infra.process_exit import exit_now
 from tests.applied_grads import applied_grads
-from train.algorithms.advantages import compute_grpo_outcome_advantage
+from tests.grpo_batch import grpo_batch
 from train.batch import Batch
 from train.policy.batching import plan_layout
 from train.policy.distributed import init_distributed
@@ -34,25 +34,6 @@ LR = 1e-2
 MICRO_BATCH_TOKENS = 40  # several micro-batches on the ranks with three groups, one on the others
 
 
-def batch() -> Batch:
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(10, 150000, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(N_GROUPS)]  # fmt: skip
-    prompts = [p for p in prompts for _ in range(N)]
-    responses = [torch.randint(10, 150000, (int(torch.randint(2, 14, (1,), generator=g)),), generator=g).tolist()
-                 for _ in range(N_GROUPS * N)]  # fmt: skip
-    scores = torch.rand(N_GROUPS * N, generator=g)
-    groups = torch.arange(N_GROUPS).repeat_interleave(N)
-    width = max(len(r) for r in responses)
-    mask = torch.zeros(len(responses), width)
-    for i, r in enumerate(responses):
-        mask[i, : len(r)] = 1
-    adv = compute_grpo_outcome_advantage(scores, groups, mask)
-    return Batch(
-        prompts, responses, [], [], [], groups.tolist(), tensors={"advantages": adv, "response_mask": mask}
-    )
-
-
 def update(policy: Policy, part: Batch, width: int, world: int) -> dict:
     algo = SimpleNamespace(policy_loss_mode="vanilla", entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k1",
                            clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean")  # fmt: skip
@@ -65,7 +46,7 @@ def update(policy: Policy, part: Batch, width: int, world: int) -> dict:
 
 def main(model: str, out: str, phase: str, src: str) -> None:
     rank, world = init_distributed()
-    full = batch()
+    full = grpo_batch(N_GROUPS, N, 150000, (3, 9), (2, 14))
     width = full["response_mask"].shape[1]
     first = sum(SHARES[world][:rank]) * N
     part = full.select(list(range(first, first + SHARES[world][rank] * N)))
