@@ -118,6 +118,7 @@ class PreemptWatch:
         self.received_at: float | None = None
         self.step = 0  # the last step completed (for an abandoned step's report)
         self._saving = False
+        self.abandoned: Preempted | None = None  # what `_abandon` raised (a library may replace it)
         self.control = Path(os.environ[CONTROL_DIR_ENV]) if os.environ.get(CONTROL_DIR_ENV) else None
         self._previous: dict[int, object] = {}
 
@@ -157,8 +158,9 @@ class PreemptWatch:
         signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))  # 0 would disarm
 
     def _abandon(self, signum: int, frame) -> None:
-        raise Preempted(signame(self.signum or signal.SIGTERM), self.step, abandoned=True,
-                        received_at=self.received_at, saving=self._saving)  # fmt: skip
+        self.abandoned = Preempted(signame(self.signum or signal.SIGTERM), self.step, abandoned=True,
+                                   received_at=self.received_at, saving=self._saving)  # fmt: skip
+        raise self.abandoned
 
     def disarm(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -167,7 +169,9 @@ class PreemptWatch:
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
         """Around a checkpoint save: after a signal it may run to the end of the budget (the step's own
-        deadline left it `save_s`); its duration becomes `save_s`."""
+        deadline left it `save_s`); its duration becomes `save_s`. Abandoned, it raises `Preempted` whatever
+        the code it interrupted made of it (torch.save's writer raises RuntimeError "unexpected pos" over
+        it, and torch.distributed.checkpoint's gathering drops that error's context)."""
         self._saving, start = True, time.monotonic()
         if (
             self.received_at is not None
@@ -177,6 +181,10 @@ class PreemptWatch:
             self._arm(self.received_at + self.grace_s - time.time())
         try:
             yield
+        except BaseException as exc:
+            if self.abandoned is not None and exc is not self.abandoned:
+                raise self.abandoned from None
+            raise
         finally:
             self._saving = False
             self.disarm()
