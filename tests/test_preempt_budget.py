@@ -115,6 +115,15 @@ def test_a_save_after_the_step_gets_what_is_left_of_the_budget():
     assert 0.3 <= time.monotonic() - start < 0.7 and caught.value.saving
 
 
+def test_a_rank_told_by_its_launcher_sets_no_timer_around_its_save():
+    """Under torchrun the launcher handles the signal and the ranks learn of it at the step boundary
+    (`agreed_request` sets received_at): no SIGALRM handler of ours there, so a timer would kill the rank."""
+    with PreemptWatch(grace_s=0.5, say=lambda _: None) as watch:
+        watch.received_at = time.time() - 10  # as agreed_request does; this process got no signal
+        with watch.saving():
+            assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
 def test_a_last_save_longer_than_the_budget_is_a_warning():
     watch = PreemptWatch(grace_s=20.0, save_s=27.6)
     assert watch.budget_warning().startswith(

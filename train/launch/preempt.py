@@ -173,11 +173,8 @@ class PreemptWatch:
         the code it interrupted made of it (torch.save's writer raises RuntimeError "unexpected pos" over
         it, and torch.distributed.checkpoint's gathering drops that error's context)."""
         self._saving, start = True, time.monotonic()
-        if (
-            self.received_at is not None
-            and self.grace_s > 0
-            and threading.current_thread() is threading.main_thread()
-        ):
+        # a timer only where our SIGALRM handler is (this process got the signal; not a launcher's rank)
+        if self.signum is not None and self.grace_s > 0:
             self._arm(self.received_at + self.grace_s - time.time())
         try:
             yield
