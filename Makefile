@@ -17,7 +17,7 @@ REMOVE = $$($(PY) -c "import tomllib;print(' '.join(tomllib.load(open('pyproject
 # the venv takes ~5 GB and a test session ~3 GB of checkpoints; checked before installing
 MIN_FREE_GB ?= 10
 
-.PHONY: view bench-view bench-agent setup test sweep sweep-status sweep-resume train bench bench-train bench-profile bench-kernels bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
+.PHONY: view bench-view bench-agent setup test test-all sweep sweep-status sweep-resume train bench bench-train bench-profile bench-kernels bench-evals bench-analysis bench-diversity calibrate-judge calibrate-task bench-submit bench-sft bench-sft-stage pipeline slurm-up slurm-down ui clean lint model leaderboard report check-pins plan
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 1; }
@@ -58,8 +58,12 @@ model: setup  ## convert the embedded default model once (also done on first use
 	$(PY) -m infra.models
 
 # under the project's allocator (python -m infra.allocator: preloaded here, inherited by every child)
+# the 30 slowest tests are listed at the end of every run (and so in every CI log)
 test: setup
-	$(PY) -m infra.allocator $(PY) -m pytest -q
+	$(PY) -m infra.allocator $(PY) -m pytest -q --durations=30
+
+test-all: setup  ## make test plus the tests marked heavy (long integration runs: README, Tests)
+	$(PY) -m infra.allocator $(PY) -m pytest -q --heavy --durations=30
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

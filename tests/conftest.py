@@ -16,6 +16,24 @@ SHARED_DIR = Path(os.environ.get("RLPOST_SHARED_DIR", PROJECT_ROOT.parent / "sha
 _EXIT_STATUS: list[int] = []
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--heavy", action="store_true",
+        help="also run the tests marked heavy (long integration runs: `make test-all`)",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`make test` leaves out the tests marked `heavy` (deselected, counted in pytest's summary line);
+    `make test-all` (`pytest --heavy`) runs them too. What is heavy is listed in README's Tests section."""
+    if config.getoption("--heavy"):
+        return
+    heavy = [item for item in items if item.get_closest_marker("heavy")]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if not item.get_closest_marker("heavy")]
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     _EXIT_STATUS.append(int(exitstatus))
 

@@ -14,7 +14,7 @@ def _update(model, tmp_path, world: int, mode: str) -> dict:
     return torch.load(out)
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("mode", ["token-mean", pytest.param("seq-mean-token-mean", marks=pytest.mark.heavy)])
 def test_two_rank_update_equals_one_rank(tiny_model, tmp_path, mode):
     one = _update(tiny_model, tmp_path, 1, mode)
     two = _update(tiny_model, tmp_path, 2, mode)

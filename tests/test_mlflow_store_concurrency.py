@@ -86,7 +86,7 @@ def _first_users(tmp_path: Path, n: int, uri: str) -> list[tuple[int, str, str]]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [6, 16])
+@pytest.mark.parametrize("n", [6, pytest.param(16, marks=pytest.mark.heavy)])
 def test_concurrent_first_users_of_a_new_store_all_succeed(tmp_path, n):
     import mlflow
 
@@ -105,6 +105,7 @@ def test_concurrent_first_users_of_a_new_store_all_succeed(tmp_path, n):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
 def test_concurrent_first_users_upgrade_an_old_schema_once(tmp_path):
     import mlflow
     import sqlalchemy
@@ -195,6 +196,7 @@ print(reads)
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
 def test_readers_while_a_trainer_evals_and_taggers_write(tmp_path):
     import mlflow
 

@@ -52,6 +52,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
 def test_two_nodes_train_one_world(tiny_model, tmp_path, monkeypatch):
     """Two 'nodes' on this machine, one rank each, meet at the rendezvous and train one step together."""
     monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
@@ -74,6 +75,7 @@ def test_two_nodes_train_one_world(tiny_model, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
 def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, monkeypatch):
     from train.launch.job import TrainPoint, read_status
 
