@@ -16,7 +16,8 @@ from tests.torchrun import run_worker
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("mode", ["export", pytest.param("prune", marks=pytest.mark.heavy)])
+@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.parametrize("mode", ["export", "prune"])
 def test_slow_file_work_on_rank_0_does_not_time_out_the_others(tiny_model, tmp_path, mode):
     run_worker("slow_io_worker.py", 2, str(tiny_model), str(tmp_path), mode, timeout=600)
     saved = [s for s, _ in ckpt.list_checkpoints(tmp_path / "run")]

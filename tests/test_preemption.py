@@ -79,30 +79,30 @@ def run_of(tmp_path: Path, run_dir: Path):
 
 
 def test_sigterm_checkpoints_marks_killed_and_resumes_past_a_damaged_step(tiny_model, tmp_path):
-    """SIGTERM (Slurm's preemption, scancel, time limit) after step >= 5 of 12, saves every 4 steps:
+    """SIGTERM (Slurm's preemption, scancel, time limit) after step >= 4 of 8, saves every 3 steps:
     before, the process died of the signal with nothing saved past step 4 and the run RUNNING forever."""
     run_dir, log, env = tmp_path / "run", tmp_path / "train.log", env_for(tmp_path)
-    cmd = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 12, 4, 1.0)]
+    cmd = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 8, 3, 1.0)]
     proc = start(cmd, env, log)
-    code, secs = signal_after_step(proc, run_dir, log, 5, signal.SIGTERM, group=False)
+    code, secs = signal_after_step(proc, run_dir, log, 4, signal.SIGTERM, group=False)
     out = log.read_text()
     stopped = progress_step(run_dir)
-    print(f"\n[measure] SIGTERM after step 5: exit {code} {secs:.1f} s after the signal, stopped after step "
+    print(f"\n[measure] SIGTERM after step 4: exit {code} {secs:.1f} s after the signal, stopped after step "
           f"{stopped}, checkpoints {[s for s, _ in ckpt.list_checkpoints(run_dir)]}")  # fmt: skip
     assert code == 128 + signal.SIGTERM, out[-3000:]
     assert "SIGTERM received: finishing step" in out and "Traceback" not in out, out[-3000:]
     assert f"SIGTERM: stopped after step {stopped}, checkpoint" in out
-    assert 5 <= stopped < 12 and ckpt.latest_checkpoint(run_dir) == ckpt.step_dir(run_dir, stopped)
+    assert 4 <= stopped < 8 and ckpt.latest_checkpoint(run_dir) == ckpt.step_dir(run_dir, stopped)
     client, run = run_of(tmp_path, run_dir)
     assert run.info.status == "KILLED" and "preempted" in run.data.tags["rlpost.status_note"]
 
-    # the newest step's optimizer shard cut short (a full disk, a lost node): resume takes step 4 instead
+    # the newest step's optimizer shard cut short (a full disk, a lost node): resume takes step 3 instead
     shard = max(
         (ckpt.step_dir(run_dir, stopped) / ckpt.STATE).glob("*.distcp"), key=lambda p: p.stat().st_size
     )
     with open(shard, "r+b") as f:
         f.truncate(shard.stat().st_size // 2)
-    again = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 12, 4, 0.0), "resume=true"]
+    again = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 8, 3, 0.0), "resume=true"]
     resumed = subprocess.run(again, cwd=PROJECT_ROOT, env=env,
                              capture_output=True, text=True, timeout=900)  # fmt: skip
     text = resumed.stdout + resumed.stderr
@@ -111,11 +111,11 @@ def test_sigterm_checkpoints_marks_killed_and_resumes_past_a_damaged_step(tiny_m
     assert len(damaged) == 1 and f"step_{stopped:06d} is damaged (state/{shard.name} is" in damaged[0], text[
         -3000:
     ]
-    assert "using step_000004 instead" in damaged[0] and "resuming from" in text
+    assert "using step_000003 instead" in damaged[0] and "resuming from" in text
     run = client.get_run(run.info.run_id)
     assert run.info.status == "FINISHED"
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/reward_mean"))
-    assert steps == list(range(1, 13)), steps  # the same MLflow run: no step lost, none twice
+    assert steps == list(range(1, 9)), steps  # the same MLflow run: no step lost, none twice
 
 
 def test_a_step_longer_than_the_grace_is_abandoned(tiny_model, tmp_path):

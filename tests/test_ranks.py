@@ -88,6 +88,7 @@ def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, mo
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
 def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, monkeypatch, dist_group):
     """Each of 2 ranks writes its own DCP shards; a 1-rank job resumes them (resharded) and trains on."""
     import torch

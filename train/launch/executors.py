@@ -77,17 +77,19 @@ def slurm_parameters(profile: dict) -> dict:
     return params
 
 
-def check_slurm_reachable() -> None:
-    """Raise ConfigError unless the Slurm controller answers (nothing is submitted otherwise)."""
+def check_slurm_reachable(timeout_s: float | None = None) -> None:
+    """Raise ConfigError unless the Slurm controller answers (nothing is submitted otherwise) within
+    `timeout_s` (default 30 s, or $RLPOST_SLURM_PROBE_S)."""
+    timeout_s = timeout_s or float(os.environ.get("RLPOST_SLURM_PROBE_S", 30))
     try:
-        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError:
         raise ConfigError(
             "Slurm is not installed here (no sinfo): start the local one (slurm/local/start.sh) or use "
             "LAUNCHER=local"
         ) from None
     except subprocess.TimeoutExpired:
-        raise ConfigError("Slurm is not reachable (sinfo timed out after 30 s): is slurmctld up?") from None
+        raise ConfigError(f"Slurm is not reachable (sinfo timed out after {timeout_s:g} s): is slurmctld up?") from None
     if probe.returncode != 0:
         first = (probe.stderr.strip().splitlines() or ["no message"])[0]
         raise ConfigError(
