@@ -36,9 +36,11 @@ def test_golds_are_exact_and_splits_disjoint():
             assert 100 <= a <= 999 and 1000 <= b <= 9999 and int(row["ground_truth"]) == a * b
         else:
             assert len(info["numbers"]) in (4, 5) and int(row["ground_truth"]) == sum(info["numbers"])
-    key = lambda r: json.dumps(
-        [extra_info_of(r)["family"], extra_info_of(r)["numbers"], extra_info_of(r).get("item")]
-    )  # noqa: E731
+
+    def key(r):
+        info = extra_info_of(r)
+        return json.dumps([info["family"], info["numbers"], info.get("item")])
+
     assert not {key(r) for r in train} & {key(r) for r in test}
     assert {extra_info_of(r)["family"] for r in train} == set(FAMILIES)
 

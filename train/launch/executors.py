@@ -89,7 +89,9 @@ def check_slurm_reachable(timeout_s: float | None = None) -> None:
             "LAUNCHER=local"
         ) from None
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"Slurm is not reachable (sinfo timed out after {timeout_s:g} s): is slurmctld up?") from None
+        raise ConfigError(
+            f"Slurm is not reachable (sinfo timed out after {timeout_s:g} s): is slurmctld up?"
+        ) from None
     if probe.returncode != 0:
         first = (probe.stderr.strip().splitlines() or ["no message"])[0]
         raise ConfigError(
