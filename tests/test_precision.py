@@ -96,3 +96,17 @@ def test_bf16_mixed_precision_loss_and_gradients_match_fp32(tiny_model, dist_gro
     flat32 = torch.cat([g.flatten() for g in g32.values()])
     flat16 = torch.cat([g16[n].flatten() for n in g32])
     assert float(torch.nn.functional.cosine_similarity(flat16, flat32, dim=0)) > 0.998
+
+
+def test_kept_rates_are_per_instruction_set_cap(monkeypatch):
+    """Rates measured with the kernels capped at AVX2 are not mixed with the machine's own (the kept best
+    would otherwise make an AVX2-capped run pick bf16 from AVX-512 figures)."""
+    from train.policy.precision import machine_key
+
+    for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        monkeypatch.delenv(k, raising=False)
+    native = machine_key("cpu")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    capped = machine_key("cpu")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert len({native, capped, machine_key("cpu")}) == 3

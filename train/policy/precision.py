@@ -127,8 +127,12 @@ def onednn_flops_per_s(size: int, min_time_s: float) -> float:
     return matmul_flops_per_s(torch.float32, torch.device("cpu"), size, min_time_s, product=mm_t)
 
 
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def machine_key(device_type: str) -> str:
-    """What the two rates depend on: the processor (or GPU), the thread count and torch's version."""
+    """What the two rates depend on: the processor (or GPU), the thread count, the instruction sets the
+    kernels may use (ISA_CAPS) and torch's version."""
     if device_type == "cuda":
         what = torch.cuda.get_device_name()
     else:
@@ -141,6 +145,8 @@ def machine_key(device_type: str) -> str:
         except OSError:
             pass
         what += f"-{torch.get_num_threads()}threads"
+        # kernels capped below what the processor has (e.g. an AVX2 machine reproduced on an AVX-512 one)
+        what += "".join(f"-{k}={os.environ[k]}" for k in ISA_CAPS if os.environ.get(k))
     digest = hashlib.sha1(f"{what}|{torch.__version__}".encode()).hexdigest()[:12]
     return f"{device_type}-{digest}"
 
