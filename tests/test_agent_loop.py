@@ -270,9 +270,13 @@ def test_tool_call_parsing():
 
 
 def test_threads_end_with_the_rollout(tokenizer):
-    agent, _, _ = rollout(tokenizer, lambda t, k: "x", [Echo()])
+    agent, _, _ = rollout(tokenizer, lambda t, k: call("echo", text="x") if k == 0 else "done", [Echo()])
+    threads = list(agent.pool._threads)  # the pool's own workers (other tests' rollouts have theirs)
+    assert threads
     agent.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("env") and t.is_alive()]
+    for t in threads:
+        t.join(timeout=5)
+    assert not [t for t in threads if t.is_alive()]
 
 
 # A chat template of our own with tools in the Hermes / Qwen style: schemas in the system turn, results as
