@@ -27,6 +27,20 @@ from pathlib import Path
 
 from data_prep.schema import extra_info_of, make_row, write_parquet
 
+# the price catalog of the chained task: a price is a function of the item's name, the same in every process,
+# so the gold answer here and the `catalog` tool's answer (train/env/tools/catalog.py) agree
+ITEMS = (
+    "blue widget", "red gear", "steel bolt", "brass hinge", "glass bead", "oak plank", "copper coil",
+    "paper fan", "clay pot", "wool scarf", "silk ribbon", "tin cup",
+)  # fmt: skip
+
+
+def price_of(item: str) -> int:
+    """The catalog's price of `item` in cents (101..999)."""
+    digest = hashlib.sha256(item.strip().lower().encode()).digest()
+    return 101 + int.from_bytes(digest[:4], "big") % 899
+
+
 DATA_SOURCE = "tool_math"
 FAMILIES = ("product", "sum", "chain")
 TEST_PERCENT = 20
@@ -41,8 +55,6 @@ def _split_of(family: str, numbers: list, item: str = "") -> str:
 
 def _problem(rng: random.Random, family: str) -> tuple[str, str, dict]:
     """(question, gold, extra_info) of one problem of `family`."""
-    from train.env.tools.catalog import ITEMS, price_of
-
     if family == "product":
         a, b = rng.randint(100, 999), rng.randint(1000, 9999)
         return (
@@ -83,25 +95,22 @@ def _call(name: str, **arguments) -> str:
 
 
 def trace(row: dict) -> list[dict]:
-    """The messages of a correct tool-using solution of a `prompt_rows` row (tool results from the tools)."""
-    from train.env.tools.calculator import Calculator
-    from train.env.tools.catalog import Catalog
-
+    """The messages of a correct tool-using solution of a `prompt_rows` row. The tool results are what the
+    tools answer (an integer result is its digits: tests/test_tool_math.py checks them against the tools)."""
     info = extra_info_of(row)
     messages = list(row["prompt"])
     if info["family"] == "chain":
-        price = Catalog()(item=info["item"])
+        price = price_of(info["item"])
         messages += [
             {"role": "assistant", "content": _call("catalog", item=info["item"])},
-            {"role": "tool", "content": price},
+            {"role": "tool", "content": str(price)},
         ]
         expression = f"{price} * {info['numbers'][0]}"
     else:
         expression = info["expression"]
-    result = Calculator()(expression=expression)
     return messages + [
         {"role": "assistant", "content": _call("calculator", expression=expression)},
-        {"role": "tool", "content": result},
+        {"role": "tool", "content": row["ground_truth"]},
         {"role": "assistant", "content": f"The answer is {row['ground_truth']}."},
     ]
 

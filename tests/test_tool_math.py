@@ -9,11 +9,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from data_prep.schema import extra_info_of, validate_row
-from data_prep.tool_math import FAMILIES, prompt_rows, sft_rows, trace
+from data_prep.tool_math import FAMILIES, price_of, prompt_rows, sft_rows, trace
 from tests.scripted_model import ScriptedModel
 from train.env.registry import build_tools
 from train.env.tool_format import ChatFormat, trace_ids
-from train.env.tools.catalog import price_of
 from train.rollout.agent_loop import AgentRollout
 from train.rollout.base import SamplingConfig
 
@@ -52,6 +51,19 @@ def test_sft_rows_mix_traces_and_direct_answers():
     chain = next(r for r in prompt_rows(3, 0, families=("chain",)))
     roles = [m["role"] for m in trace(chain)]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]  # two calls in sequence
+
+
+def test_trace_results_are_what_the_tools_answer():
+    import re
+
+    tools = build_tools(["catalog", "calculator"])
+    for row in prompt_rows(30, seed=5, families=FAMILIES):
+        messages = trace(row)
+        for call_msg, result in zip(messages[1::2], messages[2::2]):
+            if result["role"] != "tool":
+                continue
+            body = json.loads(re.search(r"<tool_call>(.*)</tool_call>", call_msg["content"]).group(1))
+            assert tools[body["name"]](**body["arguments"]) == result["content"]
 
 
 def test_a_trace_trains_the_model_turns_and_matches_a_rollout_token_for_token(tokenizer):

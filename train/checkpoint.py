@@ -64,7 +64,7 @@ from infra.checkpoint_layout import (
     step_name,
     step_of,
 )
-from train.launch.preempt import exceptions_in, preempted_in
+from train.preempted import exceptions_in, preempted_in
 
 
 class CheckpointError(RuntimeError):

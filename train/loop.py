@@ -94,7 +94,7 @@ class TrainingLoop:
         from train.policy.distributed import DIST_TIMEOUT_S, init_distributed
 
         self.cfg = cfg
-        self.rank, self.world = init_distributed(cfg.get("dist_timeout_s", DIST_TIMEOUT_S))
+        self.rank, self.world = init_distributed(cfg.dist_timeout_s if "dist_timeout_s" in cfg else DIST_TIMEOUT_S)
         if cfg.world_size != self.world:
             raise RuntimeError(f"world_size={cfg.world_size} but {self.world} ranks were started")
         torch.manual_seed(cfg.seed + self.rank)
@@ -254,7 +254,7 @@ class TrainingLoop:
         return path
 
     def _last_save_s(self) -> float:
-        """How long the checkpoint resumed from took to save (its meta.json; 0 when unknown)."""
+        """How long the checkpoint resumed from took to save (recorded by the layout; 0 when unknown)."""
         if self.latest_checkpoint is None:
             return 0.0
         try:

@@ -33,8 +33,9 @@ def enabled(env_cfg: Any) -> bool:
     """Whether `env` asks for multi-turn rollouts: `env.multi_turn`, or (null) any tool or an interaction."""
     if env_cfg is None:
         return False
-    if env_cfg.get("multi_turn") is not None:
-        return bool(env_cfg.get("multi_turn"))
+    multi_turn = env_cfg["multi_turn"] if "multi_turn" in env_cfg else None
+    if multi_turn is not None:
+        return bool(multi_turn)
     return bool(tool_entries(env_cfg.get("tools"))) or env_cfg.get("interaction") is not None
 
 

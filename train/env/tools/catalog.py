@@ -1,26 +1,14 @@
 """A price catalog: the number a task needs but the model cannot know, so it must look it up first.
 
-Stateless and deterministic: the price of an item is a function of its name (a hash), the same in every
-process, so a data generator computes the gold answer with the same function (data_prep/tool_math.py's
-chained task: look up a price, then multiply it with the calculator: two calls in sequence).
+Stateless and deterministic: the price of an item is a function of its name (data_prep/tool_math.py
+`price_of`, which computes the chained task's golds with it: look up a price, then multiply it with the
+calculator, two calls in sequence).
 """
 
 from __future__ import annotations
 
-import hashlib
-
+from data_prep.tool_math import ITEMS, price_of
 from train.env.base import ToolError
-
-ITEMS = (
-    "blue widget", "red gear", "steel bolt", "brass hinge", "glass bead", "oak plank", "copper coil",
-    "paper fan", "clay pot", "wool scarf", "silk ribbon", "tin cup",
-)  # fmt: skip
-
-
-def price_of(item: str) -> int:
-    """The catalog's price of `item` in cents (101..999)."""
-    digest = hashlib.sha256(item.strip().lower().encode()).digest()
-    return 101 + int.from_bytes(digest[:4], "big") % 899
 
 
 class Catalog:
