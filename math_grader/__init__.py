@@ -53,6 +53,7 @@ from math_grader.text import (
     last_boxed,
     normalize_answer,
     reduce_arithmetic_chain,
+    undouble_backslashes,
 )
 from math_grader.text import extract_answer as _extract
 
@@ -87,8 +88,13 @@ def _answer_text(text: str, rule: str = "last") -> str:
     """The answer a side of a comparison states, by the same rule for the prediction and the gold: a
     solution (`math_grader.text.is_solution`: an answer marker, or prose) gets its final answer extracted;
     an answer (however long: a big matrix) is left alone."""
-    text = str(text)
-    return (extract_answer(text, rule) or text) if is_solution(text) else reduce_arithmetic_chain(text)
+    text = undouble_backslashes(str(text))
+    if not is_solution(text):
+        return reduce_arithmetic_chain(text)
+    answer = extract_answer(text, rule)
+    if answer is None and last_boxed(text) is not None:
+        return ""  # only empty boxes: no answer (not the text around them)
+    return answer or text
 
 
 def _cache_get(key: tuple[str, str, bool]) -> bool | None:
@@ -126,9 +132,14 @@ def _equiv_many(
         if pred is None or not str(pred).strip():
             out.append(False)
             continue
-        key = (str(pred).strip(), _answer_text(gold, rule).strip(), ordered)
+        key = (undouble_backslashes(str(pred)).strip(), _answer_text(gold, rule).strip(), ordered)
         if len(key[0]) > MAX_ANSWER_CHARS or len(key[1]) > MAX_ANSWER_CHARS:
             out.append(key[0] == key[1])  # no real answer is this long: exact match only, no parsing
+            continue
+        if not normalize_answer(key[0]) or not normalize_answer(key[1]):
+            out.append(
+                False
+            )  # an empty answer ('\\boxed{}') states nothing: it equals nothing, itself included
             continue
         verdict = _quick(*key)
         verdict = _cache_get(key) if verdict is None else verdict

@@ -158,7 +158,7 @@ def _lhs_name(s: str) -> str | None:
     return m.group(1).replace("{", "").replace("}", "") if m else None
 
 
-_NAME = r"[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+"
+_NAME = r"[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+|[A-Z]{2,3}|\|[A-Za-z]{1,4}\|"
 _NAMED_TUPLE_RE = re.compile(rf"\(\s*((?:{_NAME})(?:\s*,\s*(?:{_NAME}))+)\s*\)\s*=\s*(.+)", re.DOTALL)
 _NAMED_ITEM_RE = re.compile(rf"\s*({_NAME})\s*=\s*([^=<>]+?)\s*")
 
@@ -191,6 +191,19 @@ def named_values(s: str) -> list[tuple[str, str]] | None:
     if not m and len({re.sub(r"_.*", "", n) for n in names}) == 1:
         return None  # 'x_1 = 3, x_2 = 5': the roots of one unknown, a list in any order
     return pairs
+
+
+def _labelled_forms(pred: str, gold: str) -> tuple[str, str]:
+    """A label on one side, or the same label on both, is dropped: '|AB|=1' states 1. Two different labels
+    are left to the rules after this one ('x = 3' is not 'y = 3')."""
+    pl, gl = forms.label_value(pred), forms.label_value(gold)
+    if pl and gl:
+        return (pl[1], gl[1]) if pl[0].lower() == gl[0].lower() else (pred, gold)
+    if pl and "=" not in gold:
+        return pl[1], gold
+    if gl and "=" not in pred:
+        return pred, gl[1]
+    return pred, gold
 
 
 def _named_forms(pred: str, gold: str) -> bool | tuple[str, str]:
@@ -235,7 +248,7 @@ def answer_forms(pred: str, gold: str) -> bool | tuple[str, str]:
     named = _named_forms(pred, gold)
     if isinstance(named, bool):
         return named
-    pred, gold = named
+    pred, gold = _labelled_forms(*named)
     p_name, g_name = _lhs_name(pred), _lhs_name(gold)
     if p_name and g_name and p_name.lower() != g_name.lower():
         return False
@@ -352,7 +365,7 @@ def _interval_from_inequality(s: str) -> str | None:
     """'x>3' -> '(3,\\infty)', '-1\\lex<2' -> '[-1,2)'; None when s is not a simple inequality."""
     s = s.replace(" ", "")
     rel = r"(<|>|\\le|\\ge|\\leqslant|\\geqslant)"
-    m = re.fullmatch(rf"(.+?){rel}([a-zA-Z]){rel}(.+)", s)
+    m = re.fullmatch(rf"(.+?){rel}([a-zA-Z](?:\([a-z]\))?){rel}(.+)", s)  # '0<f(x)<1' too
     less = ("<", "\\le", "\\leqslant")
     if m and (m.group(2) in less) == (m.group(4) in less) and "=" not in s:
         lo, hi = (m.group(1), m.group(5)) if m.group(2) in ("<", "\\le") else (m.group(5), m.group(1))

@@ -35,13 +35,15 @@ def unify_spaces(s: str) -> str:
 # ---------------------------------------------------------------------------------------------------
 # numbers written with locale separators
 # ---------------------------------------------------------------------------------------------------
+# the first group of a grouped number never starts with 0: '0,111' is a decimal comma, not 111
+_LEAD = r"[1-9]\d{0,2}"
 _LOCALE_NUMBER_RES = (
-    (re.compile(r"(-?)(\d{1,3}(?:,\d{3})+)(\.\d+)?"), ","),  # 1,234,567.5
-    (re.compile(r"(-?)(\d{1,2}(?:,\d{2})+,\d{3})(\.\d+)?"), ","),  # Indian 12,34,567
-    (re.compile(r"(-?)(\d{1,3}(?:\.\d{3}){2,})(,\d+)?"), "."),  # 1.234.567,5
-    (re.compile(r"(-?)(\d{1,3}(?:\.\d{3})+)(,\d+)"), "."),  # 1.234,5
-    (re.compile(r"(-?)(\d{1,3}(?:'\d{3})+)(\.\d+)?"), "'"),  # 1'234'567.5
-    (re.compile(r"(-?)(\d{1,3}(?: \d{3})+)([.,]\d+)?"), " "),  # 1 234 567,5
+    (re.compile(rf"(-?)({_LEAD}(?:,\d{{3}})+)(\.\d+)?"), ","),  # 1,234,567.5
+    (re.compile(r"(-?)([1-9]\d?(?:,\d{2})+,\d{3})(\.\d+)?"), ","),  # Indian 12,34,567
+    (re.compile(rf"(-?)({_LEAD}(?:\.\d{{3}}){{2,}})(,\d+)?"), "."),  # 1.234.567,5
+    (re.compile(rf"(-?)({_LEAD}(?:\.\d{{3}})+)(,\d+)"), "."),  # 1.234,5
+    (re.compile(rf"(-?)({_LEAD}(?:'\d{{3}})+)(\.\d+)?"), "'"),  # 1'234'567.5
+    (re.compile(rf"(-?)({_LEAD}(?: \d{{3}})+)([.,]\d+)?"), " "),  # 1 234 567,5
 )
 
 
@@ -264,3 +266,29 @@ def choice(s: str) -> Choice | None:
     if not letter.isupper() and not prefixed:
         return None
     return Choice(letter.upper(), m.group(4).strip().rstrip(".").strip())
+
+
+# ---------------------------------------------------------------------------------------------------
+# labelled answers
+# ---------------------------------------------------------------------------------------------------
+# a label names the quantity an answer states: a length '|AB|', a segment 'AB', an angle '\\angle ABC', a
+# function value 'f(x)' or 'P(A)', an indexed name 'S_{10}', a ratio 'V_{1}:V_{2}' or quotient of those
+_LABEL_ATOM = (
+    r"\|[A-Za-z]{1,4}\||[A-Z]{2,4}|(?:m\s*)?\\angle\s*[A-Z]{1,3}|\\overline\{[A-Z]{2}\}"
+    r"|[a-zA-Z](?:_\{?\w{1,6}\}?)?(?:\([A-Za-z0-9]{1,3}\))?|\\[a-zA-Z]+"
+)
+_LABEL_RE = re.compile(
+    rf"\s*((?:{_LABEL_ATOM})(?:\s*:\s*(?:{_LABEL_ATOM}))*"
+    rf"|\\[dt]?frac\{{(?:{_LABEL_ATOM})\}}\{{(?:{_LABEL_ATOM})\}})\s*=\s*([^=<>]+?)\s*"
+)
+
+
+def label_value(s: str) -> tuple[str, str] | None:
+    """'|AB| = 1' -> ('|AB|', '1'), 'V_{1}:V_{2}=11:21' -> ('V_1:V_2', '11:21'): an answer that names
+    what it states (Math-Verify unwraps such an assignment). None for an equation whose left side computes
+    something ('x+y=5', '2x-y=5'): that is the answer itself."""
+    s = re.sub(r"\$", "", s)
+    if len(s) > 300:
+        return None
+    m = _LABEL_RE.fullmatch(s)
+    return (re.sub(r"\s|[{}]", "", m.group(1)), m.group(2)) if m else None

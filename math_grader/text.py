@@ -105,9 +105,10 @@ def last_boxed(text: str) -> str | None:
 
 
 # what may stand between boxes that list one answer: '\\boxed{2} and \\boxed{3}', '$x=\\boxed{2}$, $y=\\boxed{5}$',
-# '\\boxed{3} \\quad\\text{and}\\quad \\boxed{4}' (any run of connectors, then an optional 'y =')
+# '\\boxed{3} \\quad\\text{and}\\quad \\boxed{4}', '\\(\\boxed{1}\\) and \\(\\boxed{-2}\\)' (any run of connectors and
+# math delimiters, then an optional 'y =')
 _JOINER_RE = re.compile(
-    r"[\s$,;]*(?:(?:and|or|\\text\{\s*(?:and|or|,)?\s*\}|\\q?quad(?![a-zA-Z])|\\[,;: ]|~|&)[\s$,;]*)*"
+    r"[\s$,;]*(?:(?:and|or|\\text\{\s*(?:and|or|,)?\s*\}|\\q?quad(?![a-zA-Z])|\\[,;: ()\[\]]|~|&)[\s$,;]*)*"
     r"(?:[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*)?"
 )
 MAX_JOINER_CHARS = 200
@@ -120,7 +121,9 @@ def _box_groups(spans: list[tuple[int, int, str]], text: str) -> list[tuple[int,
         if groups:
             prev = groups[-1][-1]
             gap = text[prev[1] : span[0]]
-            joined = len(gap) <= MAX_JOINER_CHARS and gap.strip(" $") and _JOINER_RE.fullmatch(gap)
+            # side by side ('\\boxed{1}\\boxed{2}'), the last box wins (tests/grader_cases/boxed.txt)
+            connector = re.sub(r"[\s$]|\\[()\[\]]", "", gap[:MAX_JOINER_CHARS])
+            joined = len(gap) <= MAX_JOINER_CHARS and connector and _JOINER_RE.fullmatch(gap)
             if prev[1] <= span[0] and joined:
                 groups[-1].append(span)
                 continue
@@ -237,6 +240,8 @@ def _looks_bare(text: str) -> bool:
     """True when the whole text is an answer ('$\\frac{1}{3}$', 'x = 5', 'Evelyn'), not prose."""
     if len(text) > 120 or "\n" in text.strip() or _BOX_RE.search(text) or _CJK_RE.search(text):
         return False
+    if forms.label_value(text):
+        return True  # '|AB| = 1', 'V_{1}:V_{2}=11:21': a labelled answer, not its last number
     body = re.sub(r"\\(?:text|mathrm|textbf)\{[^{}]*\}|\\[a-zA-Z]+", " ", text)
     words = re.findall(r"[A-Za-z]{2,}", body)
     return len(words) == 0 or (len(words) == 1 and text.strip() == words[0])
@@ -395,7 +400,32 @@ _CHOICE_PROSE_RE = re.compile(
     rf"|(?<![A-Za-z])(?i:choose|select|pick|go\s+with|opt\s+for)(?:\s+(?i:option|choice))?\s*{_LETTER}"
     r"(?=\s*(?:[.!]|$))"
     rf"|(?<![A-Za-z])(?i:option|choice)\s+{_LETTER}\s+(?i:is|was)\s+(?i:correct|right|the\s+answer)"
+    # a conclusion that is only a letter ("..., so B.", "Hence (D).") or a sentence that is only a letter
+    # ("B。不是 A": the letter, then a full stop; never "A. 3" listing an option)
+    rf"|(?<![A-Za-z])(?i:so|hence|therefore|thus)\s*+,?\s*+{_LETTER}(?=\s*+(?:[.!。！]|$))"
+    rf"|(?:^|(?<=[.!?。！？\n]))[ \t]*+{_LETTER}[ \t]*+(?=[。！]|[.!]?[ \t]*+(?:\n|$))"
 )
+# a letter ruled out: 'not A', 'rather than A', 'instead of (A)', '不是 A', 'A is wrong', '(A) cannot hold'
+_NEGATED_BEFORE_RE = re.compile(
+    r"(?:\bnot|n't|\bnever|\brather\s+than|\binstead\s+of|\bexcept|\brule[sd]?\s+out|\beliminat\w*"
+    r"|不是|并非|而非|排除)\s*(?:[A-Za-z]+\s+)?(?:\*\*)?\(?$",
+    re.IGNORECASE,
+)
+_NEGATED_AFTER_RE = re.compile(
+    r"\)?(?:\*\*)?\s*(?:(?:is|are|was|would\s+be|seems)\s+(?:not\b|wrong|incorrect|false|impossible|invalid"
+    r"|ruled\s+out|excluded)|cannot|can't|fails|does\s+not|doesn't|不对|错)",
+    re.IGNORECASE,
+)
+
+
+def negated_letter(text: str, start: int, end: int) -> bool:
+    """Whether the choice letter at text[start:end] is ruled out by the words around it."""
+    return bool(
+        _NEGATED_BEFORE_RE.search(text[max(0, start - 30) : start])
+        or _NEGATED_AFTER_RE.match(text, end, min(len(text), end + 40))
+    )
+
+
 _HOPE = "final answer is $"
 MAX_CANDIDATES = 8  # per kind of answer marker: only the last few can be the final answer
 MARKER_CONTEXT_CHARS = 2000  # text kept before the last answer marker (joined boxes, "x =")
@@ -439,8 +469,11 @@ def _candidates(text: str, open_end: bool) -> list[tuple[int, int, Callable[[], 
     choices: deque[re.Match[str]] = deque(maxlen=MAX_CANDIDATES)
     choices.extend(_CHOICE_PROSE_RE.finditer(text, max(0, len(text) - 4000)))
     for m in choices:  # a letter right after an answer phrase is that phrase's value ('(B) 12'), not another
+        k = next(i for i in range(1, len(m.groups()) + 1) if m.group(i))
+        if negated_letter(text, m.start(k), m.end(k)):
+            continue
         if not any(p.start() <= m.start() <= p.end() for p in phrases):
-            out.append((m.start(), 5, partial(str, m.group(1) or m.group(2) or m.group(3))))
+            out.append((m.start(), 5, partial(str, m.group(k))))
     return [c for c in out if c[1] == 0 or not _inside(c[0], box_spans)]
 
 
@@ -505,6 +538,41 @@ def answer_window(text: str) -> tuple[str, bool]:
     return text[start : start + MAX_RESPONSE_CHARS], True
 
 
+_MATRIX_ENV = r"(?:[pbBvV]?matrix|smallmatrix|array)"
+_WHOLE_MATRIX_RE = re.compile(  # possessive spaces: a window of 30k spaces stays linear
+    r"\s*+(?:\$\$?|\\\[|\\\()?\s*+"
+    rf"((?:\\left\s*+[(\[])?\s*+\\begin\{{({_MATRIX_ENV})\}}.*?\\end\{{\2\}}\s*+(?:\\right\s*+[)\]])?)"
+    r"\s*+(?:\$\$?|\\\]|\\\))?\s*+\.?\s*+",
+    re.DOTALL,
+)
+# a doubled backslash before a command or brace ('\\frac', '\\left(', '\\{'): text escaped twice
+_DOUBLED_CMD_RE = re.compile(r"(?<!\\)\\\\(?:[a-zA-Z]{2,}|[{}|,;:!])")
+_BACKSLASH_RUN_RE = re.compile(r"\\+")
+
+
+def undouble_backslashes(text: str) -> str:
+    """'\\\\frac{1}{2}' -> '\\frac{1}{2}': a JSON or Python string escaped twice. Only when every backslash
+    is doubled (no run of odd length) and one doubled backslash starts a command or a brace: a matrix's row
+    break '\\\\' written once is left alone."""
+    if "\\\\" not in text or not _DOUBLED_CMD_RE.search(text):
+        return text
+    if any(len(run) % 2 for run in _BACKSLASH_RUN_RE.findall(text)):
+        return text
+    return _BACKSLASH_RUN_RE.sub(lambda m: "\\" * (len(m.group()) // 2), text)
+
+
+# '1,\\!000' and '1{,}000' (MATH's thousands), '12\\!345': the digits of one number
+_DIGIT_GLUE_RE = re.compile(r"(?<=\d)(?:(,)\\!|\{(,)\}|\\!)(?=\d)")
+
+
+def _glue_digits(text: str) -> str:
+    return (
+        _DIGIT_GLUE_RE.sub(lambda m: m.group(1) or m.group(2) or "", text)
+        if "\\!" in text or "{,}" in text
+        else text
+    )
+
+
 # answer rules: "last" (default) the last committed answer wins; "qwen" Qwen2.5-Math's order of rules, for
 # reproducing its published numbers: "final answer is $..$. I hope" anywhere, else the last box, else the
 # other markers (each the last of its kind), whatever comes after them
@@ -522,13 +590,22 @@ def extract_answer(text: str, rule: str = "last") -> str | None:
     its form, and a phrase that states no answer ('the answer is correct') leaves the one before it. A
     response that runs on into a new problem ends there. Without a marker: the whole text when it is a
     bare answer, else the final expression (the last number of its own, or the last $...$ span holding
-    it). An arithmetic chain '3 + 4 = 7' answers its result.
+    it). An arithmetic chain '3 + 4 = 7' answers its result. An empty answer ('\\boxed{}') is none.
     """
     if rule not in ANSWER_RULES:
         raise ValueError(f"answer rule {rule!r} is not one of {', '.join(ANSWER_RULES)}")
     if not text:
         return None
+    answer = _final_answer(text, rule)
+    return answer if answer and (len(answer) > MAX_CANDIDATE_CHECK or normalize_answer(answer)) else None
+
+
+MAX_CANDIDATE_CHECK = 1000  # a longer answer is compared as a string only: not normalised here either
+
+
+def _final_answer(text: str, rule: str) -> str | None:
     window, open_end = answer_window(text)
+    window = _glue_digits(undouble_backslashes(window))
     window = re.sub(r"(?<!\w)\u043a\u0438(?!\w)", "", window)  # Math-Shepherd step tags
     window = _cut_next_turn(window)
     if rule == "qwen":
@@ -537,10 +614,14 @@ def extract_answer(text: str, rule: str = "last") -> str | None:
         order = sorted(_candidates(window, open_end), key=lambda c: (c[0], -c[1]), reverse=True)
     for _, _, value in order:
         answer = value()
-        if answer:
+        if answer and normalize_answer(answer):  # 'the answer is $\\boxed{}$' states no answer
             return reduce_arithmetic_chain(answer)
-    if len(window) <= 300 and forms.choice(window.strip()) is not None:
-        return window.strip()  # 'Option B: 42' is the choice B (its text 42)
+    matrix = _WHOLE_MATRIX_RE.fullmatch(window) if "\\end{" in window[-400:] else None
+    if matrix:
+        return matrix.group(1)  # a response that is only a matrix answers it (not its last number)
+    option = forms.choice(window.strip()) if len(window) <= 300 else None
+    if option is not None and not _NEGATED_AFTER_RE.match(option.text):
+        return window.strip()  # 'Option B: 42' is the choice B (its text 42); '(A) cannot hold' is not A
     if _looks_bare(window):
         return reduce_arithmetic_chain(_strip_math_delims(window)) or None
     last_line = window.strip().rsplit("\n", 1)[-1]

@@ -17,6 +17,16 @@ CASES_DIR = Path(__file__).parent
 # families written from other public graders' conventions and never tuned on (see heldout/README.md)
 HELDOUT_DIR = CASES_DIR / "heldout"
 SEPARATOR = " ⟺ "
+# held-out verdicts the grader's stated conventions disagree with (math_grader/__init__.py, "Conventions of
+# issue 46"): labels kept as written before the fix, each with the convention that decides it
+CONVENTION_DISAGREES = {
+    "i46_decimal_comma:14": "a comma between digits with no space is a list against a list ('1,2,3' = '1, 2, 3')",
+    "i46_several_boxes:8": "boxes side by side: the last box wins (boxed.txt:29)",
+    "i46_several_boxes:9": "boxes side by side: the last box wins (boxed.txt:29)",
+    "i46_several_boxes:10": "boxes side by side: the last box wins (boxed.txt:29)",
+    "i46_several_boxes:15": "boxes apart in prose: the last committed one, both sides alike",
+    "i46_several_boxes:18": "boxes apart in prose: the last committed one, both sides alike",
+}
 
 
 @dataclass(frozen=True)
