@@ -30,6 +30,37 @@ they disagree, no reward for a retracted or non-final answer and never "true" fo
 Lists and sets compare in any order unless the question asks for an order (`ordered=True`); tuples,
 vectors and intervals are always ordered.
 
+Conventions of issue 46 (held-out cases tests/grader_cases/heldout/i46_*.txt; where the field's graders
+disagree, the reading that cannot be gamed, a wrong "true" being worse than a wrong "false"):
+
+- Matrices and vectors: compared cell by cell whatever the environment (pmatrix = bmatrix = array in
+  \\left( \\right)), shape included (a row is not a column); a column vector equals the tuple of its entries
+  in order (Qwen's grader and Math-Verify; lm-eval and Hendrycks compare strings). A response that is only a
+  matrix answers the matrix, never its last number.
+- Doubled backslashes ('\\\\frac', a JSON string escaped twice): undoubled on either side, but only when every
+  backslash is doubled and one starts a command or brace (Qwen's strip_string undoubles always, which would
+  break a matrix's row break '\\\\' written once; Math-Verify and lm-eval do not undouble).
+- Labelled answers ('|AB|=1', 'V_{1}:V_{2}=11:21', 'f(x)=1', 'P(A)=0.3', '\\angle ABC=30^\\circ'): the label is
+  dropped, on one side or when both sides carry the same one (Math-Verify unwraps such assignments; lm-eval,
+  Hendrycks and NeMo-Skills compare the whole string). An equation whose left side computes ('x+y=5') is
+  the answer itself, never its right side.
+- Choice letters: a letter ruled out ('not A', 'rather than A', '不是 A', 'A is wrong', '(A) cannot hold')
+  is never the answer; a conclusion that is only a letter ('..., so B.', 'Hence (D).', 'B。') is (Qwen's
+  choice_answer_clean takes the last capital letter, negated or not; lighteval the letter after "answer").
+- Several boxes: boxes joined by connectors or math delimiters ('\\(\\boxed{1}\\) and \\(\\boxed{-2}\\)') are one
+  listed answer. Boxes side by side or apart in prose: the last committed one, on both sides alike
+  (Math-Verify joins every box into a set: on a prediction that would reward a retracted box).
+- Order: a bare list is a set (Math-Verify; the project's cases); a tuple, named values or `ordered=True`
+  compare in order (Qwen and lm-eval compare lists in order). The gold alone cannot say that order matters:
+  the question does, through `ordered`.
+- A unit on one side only is dropped (Qwen, Minerva, Math-Verify strip units); units on both sides convert;
+  different kinds or a scale word ('10 thousand') differ. Dropping cannot be gamed: the number must match.
+- An empty answer ('\\boxed{}', 'The answer is $\\boxed{}$.') states nothing and equals nothing, itself included
+  (string-comparing graders give two empty boxes a "true"). '\\{\\}' and '\\emptyset' are answers.
+- Inequalities in one unknown (also 'f(x)') are the intervals they describe, never a single number.
+- '1,\\!000' and '1{,}000' are one number (MATH's thousands); a number's first thousands group never starts
+  with 0, so '0,111' is the decimal 0.111 (Math-Verify, lighteval), while '1,234' groups thousands.
+
 Safety and speed: model text never reaches eval/exec/sympify; a whitelist parser (`math_grader.parse`)
 builds sympy objects and rejects absurd numbers. Every sympy comparison runs in a worker process with a
 hard time limit (`math_grader.pool`), started with the reward or the eval (`start_workers`) so no call
