@@ -169,7 +169,7 @@ def test_faults_are_retried_nothing_lost_and_rerun_is_free(
 
     faults = ["429", "500", "stall", "503", "drop", "429"]
     with FaultProxy(judge_env.base_url, schedule=faults, stall_s=60) as proxy:
-        kw = {"timeout_s": 8, "max_retries": len(faults), "backoff_s": 0.05}  # one request may get all
+        kw = {"timeout_s": 4, "max_retries": len(faults), "backoff_s": 0.05}  # one request may get all
         client = make_client(judge_env, proxy.base_url, provider, tmp_path, **kw)
         assert client.complete_many(PROMPTS, max_tokens=8, max_concurrency=2) == expected
         counts = proxy.counts

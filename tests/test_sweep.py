@@ -310,6 +310,7 @@ sys.exit(train.sweep.main(sys.argv[3:]))
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
 def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
     """Three `make sweep` of one experiment released in the same second, each with its own learning
     rate: three sweep ids, each folder holding only its own sweep.json, jobs and frozen point config."""
