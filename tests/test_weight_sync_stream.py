@@ -41,11 +41,15 @@ def test_sync_gathers_one_parameter_at_a_time_in_the_engines_dtype(layered_model
         assert dtypes == {"torch.bfloat16"}, f"rank {rank}: gathered in {dtypes}, the engine takes bf16"
         assert got["sync_bytes"] == got["model_bf16"]
         # one parameter in flight: this rank's bf16 shard (1/2 of it), gloo's flat receive buffer and the
-        # gathered copy (measured 7.1 MiB; 12.0 when gathered in fp32), plus 4 MiB of allocator slack; the
-        # whole model would be model_bf16 (64.5 MiB)
-        bound = (2 + 1 / 2) * got["largest_bf16"] + 4 * MIB
-        assert bound < got["model_bf16"] / 4, "the model is too small for the bound to tell"
+        # gathered copy (measured 7.1 MiB alone; 12.0 when gathered in fp32, which the dtype check above
+        # catches exactly). Resident size is noisy inside a long test session (19.9 MiB seen once, in the
+        # whole suite under ATEN_CPU_CAPABILITY=avx2): the bound is what separates streaming from gathering
+        # the whole model (model_bf16, 64.5 MiB, on top of the policy's own copy): half the model
+        bound = got["model_bf16"] / 2
+        assert (2 + 1 / 2) * got["largest_bf16"] + 4 * MIB < bound / 2, (
+            "the model is too small for the bound to tell"
+        )
         assert got["extra_bytes"] <= bound, (
-            f"rank {rank}: {got['extra_bytes'] / MIB:.1f} MiB extra during the sync, over one parameter's "
+            f"rank {rank}: {got['extra_bytes'] / MIB:.1f} MiB extra during the sync, over half the model's "
             f"{bound / MIB:.1f} MiB (the whole model in bf16: {got['model_bf16'] / MIB:.1f} MiB)"
         )
