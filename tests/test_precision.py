@@ -34,7 +34,12 @@ def test_auto_decides_from_the_best_rates_ever_measured_on_the_machine(fresh_cac
     choice = P.resolve_precision("auto", torch.device("cpu"))
     kept = json.loads(P._cache_file("cpu").read_text())
     assert kept["fp32_flops"] > 0 and kept["bf16_flops"] > 0
-    assert choice.precision == P.choose(kept["fp32_flops"], kept["bf16_flops"])
+    # the decision weighs bf16 against the fp32 kernel in use (oneDNN's rate where auto picked it): both kept
+    assert choice.bf16_flops == kept["bf16_flops"]
+    assert choice.fp32_flops == (
+        kept["fp32_onednn_flops"] if choice.fp32_kernel == "onednn" else kept["fp32_flops"]
+    )
+    assert choice.precision == P.choose(choice.fp32_flops, choice.bf16_flops)
     assert (
         "GFLOP/s" in choice.describe() and choice.as_params()["policy.precision_resolved"] == choice.precision
     )
