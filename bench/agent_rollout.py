@@ -143,6 +143,7 @@ def worker_ours(args) -> dict:
             "track=false", "data.train_path=builtin:tool_math", "data.builtin_size=64",
             f"data.prompts_per_step={args.prompts}", f"rollout.n={args.samples}",
             f"rollout.max_new_tokens={args.new_tokens}", "env.tools=[calculator]", f"env.max_turns={args.turns}",
+            "data.max_prompt_tokens=1024", "rollout.engine.max_model_len=2048",  # the template's tool text
             f"env.max_total_tokens={args.turns * (args.new_tokens + 40)}", f"policy.precision={args.precision}",
             "optim.lr=1e-6", "val_every=0", f"seed={args.seed}",
         ]
@@ -194,7 +195,9 @@ def worker_trl(args) -> dict:
 
         def on_step_end(self, targs, state, control, **kwargs):
             steps.append({"timing/step_s": time.perf_counter() - start["t"]})
-            print(f"[bench-agent] trl step {state.global_step}: {steps[-1]['timing/step_s']:.2f}s", flush=True)
+            print(
+                f"[bench-agent] trl step {state.global_step}: {steps[-1]['timing/step_s']:.2f}s", flush=True
+            )
 
     batch = args.prompts * args.samples
     with tempfile.TemporaryDirectory(prefix="bench-agent-trl-") as out_dir:
@@ -217,7 +220,7 @@ def vs_trl(args) -> dict:
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         model = with_template(_model(args.model), trl_template(), Path(tmp) / "model")
-        for side in ("ours", "trl"):
+        for side in args.sides.split(","):
             result = Path(tmp) / f"{side}.json"
             cmd = [sys.executable, "-m", "bench.agent_rollout", "--worker", side, "--result", str(result),
                    "--model", str(model), "--out-dir", tmp, *_workload_argv(args)]  # fmt: skip
@@ -263,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--vs-trl", action="store_true")
+    p.add_argument("--sides", default="ours,trl", help="with --vs-trl: which sides to run")
     p.add_argument("--no-schedules", action="store_true")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
