@@ -28,7 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FIELDS: tuple[str, ...] = ("data_source", "prompt", "ground_truth", "extra_info")
-ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})  # tool: a result in a multi-turn trace
+ROLES: frozenset[str] = frozenset(
+    {"system", "user", "assistant", "tool"}
+)  # tool: a result in a multi-turn trace
 
 ARROW_SCHEMA = pa.schema(
     [

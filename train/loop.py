@@ -94,7 +94,9 @@ class TrainingLoop:
         from train.policy.distributed import DIST_TIMEOUT_S, init_distributed
 
         self.cfg = cfg
-        self.rank, self.world = init_distributed(cfg.dist_timeout_s if "dist_timeout_s" in cfg else DIST_TIMEOUT_S)
+        self.rank, self.world = init_distributed(
+            cfg.dist_timeout_s if "dist_timeout_s" in cfg else DIST_TIMEOUT_S
+        )
         if cfg.world_size != self.world:
             raise RuntimeError(f"world_size={cfg.world_size} but {self.world} ranks were started")
         torch.manual_seed(cfg.seed + self.rank)
