@@ -246,10 +246,10 @@ class AgentRollout:
                 for out in outs:
                     self._model_turn(running.pop(out.request_id), out, waiting, ready)
             elif waiting:  # nothing to generate: wait for the first tool or environment to answer
-                timeout = max(0.0, min(p.started for p in waiting) + self.tool_timeout_s - time.time())
+                timeout = max(0.0, min(p.started for p in waiting) + self.tool_timeout_s - time.monotonic())
                 wait([f for p in waiting for f in p.futures], timeout=timeout, return_when=FIRST_COMPLETED)
             for p in list(waiting):
-                late = time.time() - p.started > self.tool_timeout_s
+                late = time.monotonic() - p.started > self.tool_timeout_s
                 if all(f.done() for f in p.futures) or late:
                     waiting.remove(p)
                     self._answer(p, budget, ready)
@@ -276,11 +276,11 @@ class AgentRollout:
                 t.tool_calls += 1
                 futures.append(self.pool.submit(self._call_tool, call.name, call.arguments))
                 names.append(call.name)
-            waiting.append(_Pending(t, futures, names, time.time()))
+            waiting.append(_Pending(t, futures, names, time.monotonic()))
         elif t.env is not None:
             if t.turns >= self.max_turns:
                 return self._finish(t, "max_turns")
-            waiting.append(_Pending(t, [self.pool.submit(t.env.step, out.text)], ["env"], time.time(), True))
+            waiting.append(_Pending(t, [self.pool.submit(t.env.step, out.text)], ["env"], time.monotonic(), True))
         else:
             self._finish(t, "turn_length" if t.open_turn else "answered")
 
