@@ -69,22 +69,22 @@ lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 sweep: setup
-	$(PY) -m train.sweep $(EXP) --launcher $(LAUNCHER) $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(WAIT),--wait) $(foreach g,$(GRID),--grid $(g)) $(OVERRIDES)
+	$(PY) -m orchestration.sweep $(EXP) --launcher $(LAUNCHER) $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(WAIT),--wait) $(foreach g,$(GRID),--grid $(g)) $(OVERRIDES)
 
 sweep-status: setup
-	$(PY) -m train.sweep $(EXP) --status
+	$(PY) -m orchestration.sweep $(EXP) --status
 
 pipeline: setup  ## a staged experiment (sft -> grpo, dpo -> darling) in the foreground; finished stages are reused
-	$(PY) -m train.pipeline $(EXP) $(OVERRIDES)
+	$(PY) -m orchestration.pipeline $(EXP) $(OVERRIDES)
 
 bench-sft: setup  ## SFT tokens/s packed vs unpacked (same model, data, tokens; OVERRIDES="--model tiny --steps 4")
 	$(PY) -m bench.sft_packing $(OVERRIDES)
 
 bench-sft-stage: setup  ## the SFT stage of sft_grpo_math: tokens/s and peak memory on the default model (perf/* in MLflow)
-	$(PY) -m train.pipeline sft_grpo_math --until sft $(OVERRIDES)
+	$(PY) -m orchestration.pipeline sft_grpo_math --until sft $(OVERRIDES)
 
 sweep-resume: setup  ## resubmit the latest sweep's failed/dead points (each continues its MLflow run)
-	$(PY) -m train.sweep $(EXP) --resume
+	$(PY) -m orchestration.sweep $(EXP) --resume
 
 slurm-up:  ## start a real single-node Slurm here (installs slurm-wlm + munge with apt when missing)
 	slurm/local/start.sh

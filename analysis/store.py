@@ -1,7 +1,7 @@
 """Read training runs and eval results out of MLflow into pandas tables.
 
 The one helper module the leaderboard, the report and the notebooks share. It only reads; the
-naming conventions it relies on are written by infra/tracking.py, train/sweep.py and evals/common:
+naming conventions it relies on are written by infra/tracking.py, orchestration/sweep.py and evals/common:
 metrics `train/*`, `val/*`, `reward/*`, `eval/<suite>/<metric>` (CI bounds `<metric>_ci_lo/_ci_hi`),
 tags `rlpost.sweep`, `rlpost.kind` (sweep | train), `rlpost.grid_point` (JSON).
 """

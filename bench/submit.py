@@ -1,5 +1,5 @@
 """Measure the launcher: jobs submitted per minute, and time from the sweep command to the first job
-training, on the real submit path (`train.sweep.submit`). Submits a throw-away grid of N points of a
+training, on the real submit path (`orchestration.sweep.submit`). Submits a throw-away grid of N points of a
 tiny experiment, waits for the first to train, then cancels every job it submitted.
 
     python -m bench.submit --launcher slurm --cluster local --points 50
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     import train.config
 
     train.config.EXPERIMENTS_DIR = work / "exps"
-    from train.launch.executors import cancel_jobs
-    from train.launch.job import read_status
-    from train.sweep import submit
+    from infra.executors import cancel_jobs
+    from orchestration.job import read_status
+    from orchestration.sweep import submit
 
     t_cmd = time.time()
     info = submit("submit_bench", args.launcher, args.cluster, started=t_cmd)

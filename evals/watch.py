@@ -139,7 +139,7 @@ def watch_once(args: argparse.Namespace, passthrough: list[str], state: WatchSta
             continue
         if args.launcher:
             if executor is None:
-                from train.launch.executors import make_executor
+                from infra.executors import make_executor
 
                 executor = make_executor(args.launcher, Path(args.state).parent / "watch_logs", args.cluster)
                 executor.update_parameters(name="evals-watch")

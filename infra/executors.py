@@ -1,5 +1,5 @@
 """Where sweep jobs run: submitit executors for the local machine and Slurm, cluster profiles, and the
-scheduler's view of a job (alive or not) that `python -m train.sweep --status` combines with status.json.
+scheduler's view of a job (alive or not) that `python -m orchestration.sweep --status` combines with status.json.
 
 Cluster profiles are `slurm/<name>.yaml` (see slurm/README.md for the keys).
 """
@@ -13,7 +13,12 @@ from pathlib import Path
 import submitit
 from omegaconf import OmegaConf
 
-from train.config import PROJECT_ROOT, ConfigError
+from infra.models import PROJECT_ROOT
+
+
+class LauncherError(ValueError):
+    """A launcher, cluster profile or Slurm controller that cannot take jobs: one line naming the fix."""
+
 
 SLURM_DIR = Path(os.environ.get("RLPOST_SLURM_DIR", PROJECT_ROOT / "slurm"))
 # profile key -> submitit SlurmExecutor parameter (same name unless mapped)
@@ -49,16 +54,16 @@ def load_cluster_profile(name: str) -> dict:
     path = SLURM_DIR / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in SLURM_DIR.glob("*.yaml"))
-        raise ConfigError(
+        raise LauncherError(
             f"unknown cluster profile {name!r}: no {path} (known: {', '.join(known) or 'none'})"
         )
     try:
         profile = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
     except Exception as exc:
-        raise ConfigError(f"cluster profile {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+        raise LauncherError(f"cluster profile {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
     unknown = sorted(set(profile) - set(PROFILE_KEYS) - set(EXECUTOR_KEYS))
     if unknown:
-        raise ConfigError(
+        raise LauncherError(
             f"cluster profile {path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(PROFILE_KEYS)}, "
             f"{', '.join(EXECUTOR_KEYS)})"
         )
@@ -78,33 +83,33 @@ def slurm_parameters(profile: dict) -> dict:
 
 
 def check_slurm_reachable(timeout_s: float | None = None) -> None:
-    """Raise ConfigError unless the Slurm controller answers (nothing is submitted otherwise) within
+    """Raise LauncherError unless the Slurm controller answers (nothing is submitted otherwise) within
     `timeout_s` (default 30 s, or $RLPOST_SLURM_PROBE_S)."""
     timeout_s = timeout_s or float(os.environ.get("RLPOST_SLURM_PROBE_S", 30))
     try:
         probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError:
-        raise ConfigError(
+        raise LauncherError(
             "Slurm is not installed here (no sinfo): start the local one (slurm/local/start.sh) or use "
             "LAUNCHER=local"
         ) from None
     except subprocess.TimeoutExpired:
-        raise ConfigError(
+        raise LauncherError(
             f"Slurm is not reachable (sinfo timed out after {timeout_s:g} s): is slurmctld up?"
         ) from None
     if probe.returncode != 0:
         first = (probe.stderr.strip().splitlines() or ["no message"])[0]
-        raise ConfigError(
+        raise LauncherError(
             f"Slurm is not reachable (sinfo: {first}): start it (slurm/local/start.sh) or use LAUNCHER=local"
         )
 
 
 def check_launcher(launcher: str, cluster: str | None = None) -> dict | None:
-    """Refuse a bad launcher, cluster profile or unreachable Slurm (ConfigError) before anything is
+    """Refuse a bad launcher, cluster profile or unreachable Slurm (LauncherError) before anything is
     created; returns the Slurm profile (None for the local launcher)."""
     if launcher == "local":
         if cluster:
-            raise ConfigError(
+            raise LauncherError(
                 f"--cluster {cluster} needs --launcher slurm (the local launcher has no profiles)"
             )
         return None
@@ -113,7 +118,7 @@ def check_launcher(launcher: str, cluster: str | None = None) -> dict | None:
         slurm_parameters(profile)
         check_slurm_reachable()
         return profile
-    raise ConfigError(f"unknown launcher {launcher!r}: expected local or slurm")
+    raise LauncherError(f"unknown launcher {launcher!r}: expected local or slurm")
 
 
 def make_executor(launcher: str, folder: Path, cluster: str | None = None, checked: bool = False):

@@ -1,11 +1,11 @@
 """The job a sweep submits for one grid point, and the `status.json` it keeps in its run folder.
 
 `TrainPoint` is a submitit `Checkpointable`: on preemption or time-out (Slurm sends USR2) the training
-first finishes its step and writes a checkpoint (train/launch/preempt.py), then submitit's hook calls
+first finishes its step and writes a checkpoint (train/preemption.py), then submitit's hook calls
 `checkpoint` and requeues the job, and the next attempt resumes from that checkpoint in the same MLflow
 run. On SIGTERM (scancel, `scontrol requeue`, preemption without USR2) the same checkpoint is written
 and the job exits; status.json says `preempted` until Slurm's requeue (if any) runs it again. Sweeps always train with `resume=true`, so a job that was requeued by Slurm
-(`scontrol requeue`, node failure) or resubmitted after a kill (`python -m train.sweep EXP --resume`)
+(`scontrol requeue`, node failure) or resubmitted after a kill (`python -m orchestration.sweep EXP --resume`)
 continues the same way. `status.json` is what `--status` reads, whatever the scheduler.
 """
 
@@ -25,7 +25,8 @@ from omegaconf import OmegaConf
 
 from infra.redact import redact
 from infra.tracking import RUN_ID_FILE, recorded_run_id
-from train.launch.preempt import Preempted, hand_to_scheduler
+from orchestration.preempt import hand_to_scheduler
+from train.preemption import Preempted
 
 STATUS_FILE = "status.json"
 
@@ -78,7 +79,7 @@ class TrainPoint(submitit.helpers.Checkpointable):
             # one FSDP world over the job's nodes (one task per node): every node starts its ranks with
             # torchrun; task 0 also keeps status.json and the MLflow state
             if _task_id() != 0:
-                from train.launch.ranks import launch_ranks
+                from orchestration.ranks import launch_ranks
 
                 try:
                     code = launch_ranks(cfg)
@@ -88,7 +89,7 @@ class TrainPoint(submitit.helpers.Checkpointable):
                     raise RuntimeError(f"training ranks on this node exited with status {code}")
                 return {}
         elif _num_tasks() > 1:  # a multi-node job: Ray head on task 0, the other tasks join it
-            from train.ray_cluster import ray_job
+            from orchestration.ray_cluster import ray_job
 
             return ray_job(lambda: self._train(cfg, run_dir, env, slots_dir, max_parallel), run_dir)
         return self._train(cfg, run_dir, env, slots_dir, max_parallel)
@@ -107,7 +108,7 @@ class TrainPoint(submitit.helpers.Checkpointable):
             }
             write_status(run_dir, "running", **env)
             if cfg.get("pipeline"):
-                from train.pipeline import run_point as run
+                from orchestration.pipeline import run_point as run
             else:
                 from train.config import merge_layers, train_schema
                 from train.stages.grpo import run
@@ -117,7 +118,7 @@ class TrainPoint(submitit.helpers.Checkpointable):
                 cfg = merge_layers(OmegaConf.structured(train_schema()), [cfg])
 
             if cfg.get("world_size", 1) > 1 and "RANK" not in os.environ and not cfg.get("pipeline"):
-                from train.launch.ranks import launch_ranks
+                from orchestration.ranks import launch_ranks
                 from train.progress import read_progress
 
                 code = launch_ranks(cfg)  # the ranks train; their last metrics are in progress.json

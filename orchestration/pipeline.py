@@ -1,4 +1,4 @@
-"""Chained training stages (sft -> grpo, dpo -> darling): `python -m train.pipeline EXP [stage.key=value ...]`.
+"""Chained training stages (sft -> grpo, dpo -> darling): `python -m orchestration.pipeline EXP [stage.key=value ...]`.
 
 An experiment file declares its stages, run in file order, each its own MLflow run and run folder:
 
@@ -293,7 +293,7 @@ def _run_in_subprocess(st: PlannedStage) -> dict[str, float]:
     out.unlink(missing_ok=True)
     entry = [
         "-m",
-        "train.pipeline",
+        "orchestration.pipeline",
         "--run-stage",
         st.target,
         str(st.run_dir / STAGE_CONFIG),
@@ -342,7 +342,7 @@ def run_stage_process(target: str, config_path: str, metrics_out: str | None) ->
 
 # ---- sweeps -------------------------------------------------------------------------------------
 def point_config(experiment: str, overrides: list[str]) -> DictConfig:
-    """A sweep grid point of a pipeline experiment, validated: what train/sweep.py stores and submits.
+    """A sweep grid point of a pipeline experiment, validated: what orchestration/sweep.py stores and submits.
 
     The sweep fills run_name, run_dir, resume, parent_run_id and tags as for a single-stage point;
     `run_point` places the last stage there and the earlier ones in their shared stage folders.
@@ -387,7 +387,7 @@ def describe(stages: list[PlannedStage]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--run-stage"]:
-        p = argparse.ArgumentParser(prog="python -m train.pipeline --run-stage")
+        p = argparse.ArgumentParser(prog="python -m orchestration.pipeline --run-stage")
         p.add_argument("--run-stage", nargs=2, metavar=("TARGET", "CONFIG"))
         p.add_argument("--metrics-out")
         a = p.parse_args(argv)
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             return 1
     p = argparse.ArgumentParser(
-        prog="python -m train.pipeline",
+        prog="python -m orchestration.pipeline",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

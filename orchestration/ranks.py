@@ -1,13 +1,13 @@
 """Start a run's `world_size` training ranks with torchrun: on one node, or across a Slurm job's nodes.
 
-`python -m train` and sweep jobs (train/launch/job.py) both come here when `world_size > 1`. One node:
+`python -m train` and sweep jobs (orchestration/job.py) both come here when `world_size > 1`. One node:
 `torchrun --standalone --nproc-per-node=<world_size>`. Several nodes (a Slurm job with one task per node,
 `nodes: N, tasks_per_node: 1` in the cluster profile): every node's task runs torchrun with
 `--nnodes=N --node-rank=$SLURM_NODEID` and the c10d rendezvous on the job's first node, each node
 starting world_size / N ranks, one per GPU. torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; each rank
 takes GPU LOCAL_RANK and joins the NCCL group (train/policy/distributed.py).
 
-Preemption signals are the launcher's (train/launch/preempt.py): torchrun and the ranks start with
+Preemption signals are the launcher's (train/preemption.py): torchrun and the ranks start with
 SIGUSR2 ignored (Slurm signals every process of a job), the launcher turns SIGTERM / SIGUSR2 into a
 request the ranks read at their next step boundary; they checkpoint together and exit, and
 `launch_ranks` raises `Preempted` with the step and checkpoint they report.
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from train.launch.preempt import CONTROL_DIR_ENV, forward_to_ranks, ignore_preempt_usr2, read_outcome
+from orchestration.preempt import forward_to_ranks, ignore_preempt_usr2
+from train.preemption import CONTROL_DIR_ENV, read_outcome
 
 RDZV_PORT = 29531
 

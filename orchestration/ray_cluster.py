@@ -3,7 +3,7 @@
 Task 0 starts a Ray head (`ray start --head --block`, a child process it owns) and publishes its
 address in a file under the run folder (a shared filesystem on a cluster); every other task joins it
 with `ray start --address ... --block` and stays until task 0 is finished. Task 0 then runs the
-training with `RAY_ADDRESS` set, so `ray.init()` in the trainer (e.g. train.launch.ray_reward) connects
+training with `RAY_ADDRESS` set, so `ray.init()` in the trainer (e.g. train.rewards.ray_reward) connects
 to this cluster. The same code runs under submitit's local executor (tasks on one machine, loopback)
 and on Slurm (one task per node).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import submitit
 
-JOIN_TIMEOUT_S = float(os.environ.get("RLPOST_RAY_JOIN_TIMEOUT_S", 300))
+from infra.ray_connect import JOIN_TIMEOUT_S
 
 
 def node_ip() -> str:
@@ -92,29 +92,6 @@ def _wait_port(ip: str, port: int, proc: subprocess.Popen, timeout: float = JOIN
         except OSError:
             time.sleep(0.5)
     raise TimeoutError(f"ray head on {ip}:{port} did not answer within {timeout:.0f} s")
-
-
-def wait_for_nodes(count: int, timeout: float = JOIN_TIMEOUT_S) -> None:
-    """Block until `count` Ray nodes are alive (call after ray.init)."""
-    import ray
-
-    end = time.time() + timeout
-    while sum(n["Alive"] for n in ray.nodes()) < count:
-        if time.time() > end:
-            raise TimeoutError(f"only {sum(n['Alive'] for n in ray.nodes())} of {count} Ray nodes joined")
-        time.sleep(0.5)
-
-
-def connect(address: str | None = None) -> None:
-    """Join the job's Ray cluster (`address`, else RAY_ADDRESS, else a new local Ray: never a stale
-    cluster some earlier process left in /tmp/ray; RAY_ADDRESS=auto joins a running one) once per process,
-    and inside a multi-node job wait until all its nodes have joined, so SPREAD actors land on every node."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False)
-    if os.environ.get("RLPOST_RAY_NODES"):
-        wait_for_nodes(int(os.environ["RLPOST_RAY_NODES"]))
 
 
 def _write_token(path: Path) -> None:

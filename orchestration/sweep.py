@@ -1,11 +1,11 @@
 """Sweeps: expand an experiment's grid, submit one submitit job per point, track them in MLflow.
 
-`python -m train.sweep EXP [--launcher local|slurm] [--cluster PROFILE] [key=value ...] [--wait]`
+`python -m orchestration.sweep EXP [--launcher local|slurm] [--cluster PROFILE] [key=value ...] [--wait]`
 (what `make sweep` runs); `--status` shows each point's state (a job that died without a word, e.g.
 SIGKILL or OOM, shows as `dead`); `--resume` resubmits the failed and dead points, which continue
 from their latest checkpoint in the same MLflow run. One MLflow parent run per sweep, one child run
-per point. The job itself (checkpoint hook, requeue, status.json) is train/launch/job.py; schedulers
-and cluster profiles are train/launch/executors.py.
+per point. The job itself (checkpoint hook, requeue, status.json) is orchestration/job.py; schedulers
+and cluster profiles are infra/executors.py.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from infra.redact import redact, redacted_yaml
-from infra.tracking import recorded_run_id
-from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment
-from train.launch.executors import (  # noqa: F401
+from infra.executors import (  # noqa: F401
+    LauncherError,
     check_launcher,
     load_cluster_profile,
     make_executor,
     scheduler_view,
 )
-from train.launch.job import TrainPoint, mark_mlflow_run, read_status, write_status
+from infra.redact import redact, redacted_yaml
+from infra.tracking import recorded_run_id
+from orchestration.job import TrainPoint, mark_mlflow_run, read_status, write_status
+from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment
 from train.progress import read_progress
 
 POINT_CONFIG = "sweep_point.yaml"  # the point's full config, what every (re)submission runs
@@ -115,7 +116,7 @@ def plan(
     for point in expand_grid(grid):
         point_overrides = [*overrides, *(f"{k}={v}" for k, v in point.items())]
         if staged:  # sft -> grpo etc.: the job runs the pipeline; earlier stages are shared across points
-            from train.pipeline import point_config
+            from orchestration.pipeline import point_config
 
             cfg = point_config(experiment, point_overrides)
         else:
@@ -466,7 +467,9 @@ def wait(info: dict, poll_s: float = 10.0) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
-    parser = argparse.ArgumentParser(prog="python -m train.sweep", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestration.sweep", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("experiment")
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied to every point")
     parser.add_argument("--launcher", default="local", choices=["local", "slurm"])
@@ -501,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for job in info["jobs"]:
                 print(f"  job {job['job_id']}  {json.dumps(job['point'])}  -> {job['run_dir']}")
-    except ConfigError as exc:
+    except (ConfigError, LauncherError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"MLflow parent run {info['mlflow_parent_run']} (make ui); logs in {info['logs']}")

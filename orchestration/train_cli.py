@@ -1,4 +1,5 @@
-"""`python -m train [experiment=NAME] [preset=NAME] [key=value ...]` — one training run.
+"""`python -m train [experiment=NAME] [preset=NAME] [key=value ...]` — one training run (train/__main__.py
+is the entry point; starting the run, its ranks and its refusals are orchestration's).
 
 `--help` lists every key with its default (and, given an experiment, its components' arguments);
 `--validate` checks the config as a sweep's planning does and exits. world_size > 1 re-launches itself
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from infra.models import ModelNotFoundError
     from train.checkpoint import CheckpointError
-    from train.launch.preempt import Preempted
-    from train.launch.preflight import refusal
+    from train.preemption import Preempted
+    from train.preflight import refusal
 
     refused = refusal(cfg)  # servers that do not answer, folders that do not exist: before anything loads
     if refused:
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if cfg.world_size > 1:  # torchrun starts the ranks (across a Slurm job's nodes when it has several)
-            from train.launch.ranks import launch_ranks
+            from orchestration.ranks import launch_ranks
 
             return launch_ranks(cfg)
         from train.stages.grpo import run
@@ -92,11 +93,3 @@ def _help(experiment: str | None, preset: str | None, overrides: list[str]) -> i
         cfg = OmegaConf.structured(train_schema())
     print(USAGE + describe(cfg))
     return 0
-
-
-if __name__ == "__main__":
-    from infra import allocator
-    from infra.process_exit import exit_now
-
-    allocator.ensure()  # before anything else: may re-exec this process with the allocator preloaded
-    exit_now(main())  # no interpreter teardown: vLLM's and gloo's threads outlive it (infra/process_exit.py)

@@ -1,6 +1,6 @@
 import pytest
 
-from train.__main__ import main
+from orchestration.train_cli import main
 from train.config import ConfigError, build_config
 
 

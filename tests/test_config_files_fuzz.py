@@ -58,7 +58,7 @@ def experiments(tmp_path, monkeypatch):
 def test_fuzzed_experiment_yaml_is_read_or_one_line(experiments):
     """300 damaged experiment files through what a sweep reads before building any config: the file,
     its sweep section and grid (`sweep_grid`)."""
-    from train.sweep import sweep_grid
+    from orchestration.sweep import sweep_grid
 
     rng = random.Random(44)
     outcomes = {"read": 0, "one line": 0}
@@ -78,7 +78,7 @@ def test_fuzzed_experiment_yaml_is_read_or_one_line(experiments):
 @pytest.mark.slow
 def test_fuzzed_experiment_yaml_through_the_whole_plan(experiments):
     """20 of them through `plan` (every point's config built and validated: ~1 s each)."""
-    from train.sweep import plan
+    from orchestration.sweep import plan
 
     rng = random.Random(45)
     outcomes = {"planned": 0, "one line": 0}

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
+from orchestration.sweep import plan
 from train.config import build_config
-from train.sweep import plan
 
 # ---------------------------------------------------------------------------------------------------
 # experiment files

@@ -38,7 +38,7 @@ def _toy_estimator_registered():
 
 
 def test_toy_knob_is_a_typed_checked_config_key(capsys):
-    from train.__main__ import main
+    from orchestration.train_cli import main
 
     assert build_config(overrides=["algorithm.adv_estimator=toy_sign"]).algorithm.toy_scale == 1.0
     with pytest.raises(ConfigError, match=r"algorithm.toy_scale=-2.0 must be > 0"):

@@ -1,5 +1,6 @@
 """The folder tree is the data flow: math_grader < infra < data_prep < train components < train loops <
-evals < analysis < bench. No module imports one of a higher layer, no import cycle (function-level imports
+evals < analysis < orchestration (sweeps, pipelines, jobs, ranks, the Ray bootstrap) < bench; a `__main__`
+module is an entry point above them all, imported by nothing. No module imports one of a higher layer, no import cycle (function-level imports
 count too), the algorithms import nothing from train but each other, only infra/checkpoint_layout.py
 spells the checkpoint layout, and the evals and the analysis take shared infrastructure (judge client,
 tracking, checkpoint layout, model resolution, grading) from infra/ and math_grader/, never from train/:
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("math_grader", "infra", "data_prep", "train", "evals", "analysis", "bench")
+PACKAGES = ("math_grader", "infra", "data_prep", "train", "evals", "analysis", "orchestration", "bench")
 LAYERS = {
     "math_grader": 0,
     "infra": 1,  # judge client, tracking conventions, checkpoint layout, model resolution, redaction
@@ -24,19 +25,21 @@ LAYERS = {
     "train": 3,  # components: rollout, rewards, algorithms, policy, checkpoint writer, config, ...
     **{
         f"train.{m}": 4  # the loops and what starts them
-        for m in ("loop", "stages", "pipeline", "sweep", "launch", "__main__", "help", "trainer", "run_setup")
+        for m in ("loop", "stages", "help", "trainer", "run_setup")
     },
     "evals": 5,
     "analysis": 6,
-    "bench": 7,
+    "orchestration": 7,  # what starts and watches runs: imports train/ and evals/, imported by neither
+    "bench": 8,
 }
+ENTRY_POINT_LAYER = 9  # `python -m X` runs X/__main__.py: it may delegate upward (train -> orchestration)
 # What the evals and the analysis may import from train: training's own parts they run or read, never
 # infrastructure both sides use (that lives in infra/ or math_grader/).
 TRAIN_USED_ABOVE = {
     "evals": (
         "train.rollout",  # the rollout engine generates the eval samples (one vLLM engine wrapper)
         "train.diversity.partition",  # the novelty eval measures with the training reward's partitioner
-        "train.launch.executors",  # evals.watch submits eval jobs through training's executors (Slurm, local)
+        "infra.executors",  # evals.watch submits eval jobs through training's executors (Slurm, local)
         "train.env",  # evals.math --tools answers with the training rollout's tools and agent loop
     ),
     "analysis": ("train.config",),  # the arms of a sweep are read from their experiment file
@@ -86,6 +89,8 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 def layer(module: str) -> int:
     parts = module.split(".")
+    if parts[-1] == "__main__":
+        return ENTRY_POINT_LAYER
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in LAYERS:
             return LAYERS[".".join(parts[:n])]
@@ -140,6 +145,23 @@ def test_no_import_cycle():
 
 def test_no_import_from_a_lower_layer_to_a_higher_one():
     assert upward_imports(import_graph()) == []
+
+
+def test_nothing_imports_an_entry_point():
+    graph = import_graph()
+    importers = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if d.endswith("__main__"))
+    assert not importers, importers
+
+
+def test_train_and_evals_never_import_orchestration():
+    """The layer above the algorithm: sweeps, pipelines, jobs and executors' callers live there, never below."""
+    graph = import_graph()
+    below = [f"{m} -> {d}" for m, deps in graph.items() if layer(m) < LAYERS["orchestration"]
+             for d in deps if d.split(".")[0] == "orchestration"]  # fmt: skip
+    assert not below, below
+    assert any(
+        d.startswith("train") for d in graph["orchestration.sweep"]
+    )  # the scan sees the layer's imports
 
 
 def test_algorithms_are_pure_functions_importing_no_other_part_of_train():

@@ -300,8 +300,8 @@ def test_an_adapter_folder_as_model_path_is_refused_with_the_fix(tmp_path):
 def test_a_lora_stage_feeding_another_must_export_merged_weights(tmp_path, monkeypatch):
     """make pipeline: a LoRA stage's hf/ is an adapter folder, which the next stage cannot start from; the
     plan refuses it in one line naming the key, and accepts it with save_hf_merged=true."""
+    from orchestration.pipeline import plan
     from tests.test_pipeline import _tiny_stages, _write_experiment
-    from train.pipeline import plan
 
     monkeypatch.setattr("train.config.EXPERIMENTS_DIR", tmp_path)
     monkeypatch.setenv("RLPOST_EXPERIMENTS_DIR", str(tmp_path))  # as tests/test_pipeline.py's fixture

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from infra.models import PROJECT_ROOT
+from orchestration.pipeline import plan, point_config, read_result, run_plan, run_point
 from train.config import ConfigError
-from train.pipeline import plan, point_config, read_result, run_plan, run_point
 
 
 def _write_experiment(folder: Path, name: str, stages: dict, **extra) -> None:
@@ -124,8 +124,8 @@ def test_the_shipped_experiment_plans(monkeypatch):
 
 
 def test_sweep_of_a_staged_experiment_submits_pipeline_points():
-    """`make sweep EXP=sft_grpo_math`: each grid point is a pipeline job (train/launch/job.py runs run_point)."""
-    from train.sweep import plan as sweep_plan
+    """`make sweep EXP=sft_grpo_math`: each grid point is a pipeline job (orchestration/job.py runs run_point)."""
+    from orchestration.sweep import plan as sweep_plan
 
     _, points = sweep_plan("sft_grpo_math", [])
     assert [p for p, _ in points] == [{"grpo.seed": 1}, {"grpo.seed": 2}]
@@ -154,7 +154,7 @@ def test_sft_then_grpo_sweep_points_and_reruns_train_sft_once(
 
     _write_experiment(experiments, "pipe", _tiny_stages(tiny_model, tmp_path / "out"))
     client = mlflow.MlflowClient()
-    # a sweep grid point (what train/sweep.py's job would run), the last stage in the point's folder
+    # a sweep grid point (what orchestration/sweep.py's job would run), the last stage in the point's folder
     point = point_config("pipe", ["grpo.seed=1"])
     point.run_dir, point.run_name, point.tags = (
         str(tmp_path / "points" / "seed1"),
@@ -191,7 +191,7 @@ def test_two_concurrent_jobs_train_a_shared_stage_once(experiments, tiny_model, 
     stages = _tiny_stages(tiny_model, tmp_path / "out")
     _write_experiment(experiments, "shared", {"sft": stages["sft"]})
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    cmd = [sys.executable, "-m", "train.pipeline", "shared"]  # each stage in its own process
+    cmd = [sys.executable, "-m", "orchestration.pipeline", "shared"]  # each stage in its own process
     procs = [
         subprocess.Popen(
             cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

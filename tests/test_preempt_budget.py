@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from train.launch.preempt import Preempted, PreemptWatch, preempted_in
+from train.preemption import Preempted, PreemptWatch, preempted_in
 
 
 def test_preempted_survives_pickling():

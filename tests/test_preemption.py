@@ -1,4 +1,4 @@
-"""Preemption through real processes and real signals (train/launch/preempt.py): SIGTERM to a training run,
+"""Preemption through real processes and real signals (train/preemption.py): SIGTERM to a training run,
 SIGUSR2 to every process of a two-rank torchrun job (what Slurm does), and a checkpoint save on a full
 disk (a real 3 MiB tmpfs). Each run checkpoints where it stopped, marks its MLflow run, exits in bounded
 time with one line, and resumes in the same MLflow run with every step logged once. The Slurm round

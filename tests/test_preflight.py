@@ -1,5 +1,5 @@
 """Every preset's paper mode starts as documented or is refused in one line before anything loads
-(train/launch/preflight.py): servers that do not answer, folders that do not exist."""
+(train/preflight.py): servers that do not answer, folders that do not exist."""
 
 import socket
 import subprocess
@@ -10,8 +10,8 @@ import pytest
 
 from infra.models import DEFAULT_MODEL, PROJECT_ROOT
 from train.config import build_config
-from train.launch.preflight import refusal, unanswered_servers
 from train.plan import _servers
+from train.preflight import refusal, unanswered_servers
 
 PAPER = sorted(p.stem for p in (PROJECT_ROOT / "experiments").glob("*.yaml") if "\n  paper:" in p.read_text())
 

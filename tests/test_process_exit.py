@@ -37,10 +37,11 @@ def test_exit_now_flushes_both_streams_returns_the_code_and_skips_the_teardown()
 def test_every_torchrun_worker_and_entry_point_ends_through_exit_now():
     """A process that returns into the teardown can abort after its work succeeded: each entry point of the
     trainer, and every script that joins a process group itself, must end with exit_now."""
-    entry_points = {PROJECT_ROOT / "train" / name for name in ("__main__.py", "pipeline.py")}
+    entry_points = {PROJECT_ROOT / "train" / "__main__.py", PROJECT_ROOT / "orchestration" / "pipeline.py"}
     entry_points.add(PROJECT_ROOT / "train" / "stages" / "grpo.py")
     scripts = [
         *PROJECT_ROOT.glob("train/**/*.py"),
+        *PROJECT_ROOT.glob("orchestration/*.py"),
         *PROJECT_ROOT.glob("bench/*.py"),
         *PROJECT_ROOT.glob("tests/*.py"),
     ]

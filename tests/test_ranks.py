@@ -9,8 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from infra.models import PROJECT_ROOT
+from orchestration.ranks import NodeLayout, launch_ranks, slurm_layout, torchrun_command
 from train.config import build_config
-from train.launch.ranks import NodeLayout, launch_ranks, slurm_layout, torchrun_command
 
 
 def test_one_node_is_standalone_and_several_rendezvous_on_the_first():
@@ -77,7 +77,7 @@ def test_two_nodes_train_one_world(tiny_model, tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
 def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, monkeypatch):
-    from train.launch.job import TrainPoint, read_status
+    from orchestration.job import TrainPoint, read_status
 
     monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -95,7 +95,7 @@ def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, mo
     from safetensors.torch import load_file
 
     from infra import checkpoint_layout as ckpt
-    from train.launch.job import TrainPoint
+    from orchestration.job import TrainPoint
     from train.stages.grpo import GRPOTrainer
 
     monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))

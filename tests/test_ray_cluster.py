@@ -6,8 +6,8 @@ import os
 import pytest
 
 from infra.models import PROJECT_ROOT
-from train.launch.ray_reward import merge, split_by_group
 from train.rewards.base import RewardResult
+from train.rewards.ray_reward import merge, split_by_group
 
 
 def test_split_by_group_keeps_groups_whole_and_merge_restores_order():
@@ -26,13 +26,13 @@ def test_split_by_group_keeps_groups_whole_and_merge_restores_order():
 
 def _probe(run_dir: str):
     """The job's entry: a Ray cluster over the job's tasks, then the math reward as spread actors."""
-    from train.ray_cluster import ray_job
+    from orchestration.ray_cluster import ray_job
 
     def main():
         import ray
 
-        from train.launch.ray_reward import RayReward
-        from train.ray_cluster import wait_for_nodes
+        from infra.ray_connect import wait_for_nodes
+        from train.rewards.ray_reward import RayReward
 
         ray.init(log_to_driver=False)  # RAY_ADDRESS was set by ray_job
         wait_for_nodes(2)

@@ -102,7 +102,7 @@ def _run(args: list[str], tmp_path: Path, **env) -> subprocess.CompletedProcess:
     ],
 )
 def test_a_sweep_with_a_secret_is_refused_before_anything_is_written(tmp_path, override):
-    proc = _run(["-m", "train.sweep", "darling_wildchat", override], tmp_path)
+    proc = _run(["-m", "orchestration.sweep", "darling_wildchat", override], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "environment" in lines[0], proc.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.executors import pid_alive
 from tests.test_sweep import (
     children_of,
     metric_steps,
@@ -22,7 +23,6 @@ from tests.test_sweep import (
     sweep_info,
     wait_for,
 )
-from train.launch.executors import pid_alive
 
 STEPS, SAVE_EVERY = 8, 0  # no periodic checkpoint: whatever survives an interruption, its own checkpoint kept
 
@@ -132,12 +132,11 @@ def test_slurm_sweep_survives_preemption_requeue_and_kill(slurm_cluster, tiny_mo
 
 def test_slurm_profile_keys_are_checked(tmp_path, monkeypatch):
     """A typo in a profile fails naming the key, before Slurm is even asked."""
-    from train.config import ConfigError
-    from train.launch import executors
+    from infra import executors
 
     (tmp_path / "typo.yaml").write_text("partition: debug\ngpu_per_node: 8\n")
     monkeypatch.setattr(executors, "SLURM_DIR", tmp_path)
-    with pytest.raises(ConfigError, match="unknown key.*gpu_per_node"):
+    with pytest.raises(executors.LauncherError, match="unknown key.*gpu_per_node"):
         executors.load_cluster_profile("typo")
     profile = {"partition": "gpu", "mem_gb": 64, "timeout_min": 30, "tasks_per_node": 2, "account": None}
     params = executors.slurm_parameters(profile)
@@ -161,7 +160,7 @@ config:
       num_cpus_per_engine: 1
       engine: {{_target_: train.rollout.vllm_engine.VLLMEngine, kv_cache_gb: 1}}
   reward:
-    _target_: train.launch.ray_reward.RayReward
+    _target_: train.rewards.ray_reward.RayReward
     num_workers: 2
     num_cpus_per_worker: 0.5
     reward: {{_target_: tests.test_sweep.SlowVowelReward}}

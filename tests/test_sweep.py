@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from infra.models import PROJECT_ROOT
+from orchestration.sweep import expand_grid, point_slug
 from train.config import ConfigError
 from train.rewards.base import RewardResult
-from train.sweep import expand_grid, point_slug
 
 
 class SlowVowelReward:
@@ -63,7 +63,7 @@ def sweep_env(tmp_path: Path, model: Path, name: str = "tinysweep", steps: int =
 
 
 def sweep_cli(env: dict, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "train.sweep", *args], env=env, cwd=PROJECT_ROOT,
+    return subprocess.run([sys.executable, "-m", "orchestration.sweep", *args], env=env, cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
@@ -126,7 +126,7 @@ def test_expand_grid_is_the_cartesian_product_in_file_order():
 
 
 def test_grid_overrides_replace_or_add_grid_keys():
-    from train.sweep import parse_grid_overrides, plan
+    from orchestration.sweep import parse_grid_overrides, plan
 
     assert parse_grid_overrides(["seed=1,2", "optim.lr=1e-6"]) == {"seed": [1, 2], "optim.lr": [1e-6]}
     assert parse_grid_overrides(["reward.combine=quality"]) == {"reward.combine": ["quality"]}
@@ -166,8 +166,8 @@ def test_two_point_sweep_runs_through_submitit_and_mlflow(tiny_model, tmp_path):
 
 
 def test_job_table_shows_each_points_state_step_and_last_metrics(tmp_path):
+    from orchestration.sweep import job_table
     from train.progress import write_progress
-    from train.sweep import job_table
 
     rows = []
     for k, state in enumerate(["running", "submitted"]):
@@ -241,7 +241,7 @@ def test_failed_job_is_failed_in_mlflow_with_its_error(tiny_model, tmp_path):
 
 def test_an_override_of_a_grid_key_is_refused_in_one_line():
     """`make sweep EXP=darling_math OVERRIDES="seed=2"` ran the grid's seeds 1 and 2, with no word."""
-    from train.sweep import plan
+    from orchestration.sweep import plan
 
     with pytest.raises(ConfigError) as caught:
         plan("darling_math", ["seed=2"])
@@ -260,9 +260,9 @@ def test_an_override_of_a_grid_key_is_refused_in_one_line():
 
 def test_bad_sweep_input_submits_nothing(tmp_path, monkeypatch, capsys):
     """Each bad input is one `error:` line and exit status 2, nothing submitted. In process (`main(argv)`, what
-    `python -m train.sweep` runs after the allocator re-exec; the CLI itself is exercised by the sweeps above):
+    `python -m orchestration.sweep` runs after the allocator re-exec; the CLI itself is exercised by the sweeps above):
     an exception that escaped would fail the test instead of printing a traceback."""
-    from train.sweep import main as sweep_main
+    from orchestration.sweep import main as sweep_main
 
     monkeypatch.setenv("RLPOST_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))
@@ -299,13 +299,13 @@ def test_bad_sweep_input_submits_nothing(tmp_path, monkeypatch, capsys):
 SAME_SECOND_DRIVER = """
 import sys, time
 from pathlib import Path
-import train.sweep  # imported before the release: the sweeps then differ only by their own work
+import orchestration.sweep  # imported before the release: the sweeps then differ only by their own work
 go, second = Path(sys.argv[1]), time.localtime(float(sys.argv[2]))
 _strftime = time.strftime
 time.strftime = lambda fmt, t=None: _strftime(fmt, second if t is None else t)  # one second for all
 while not go.exists():
     time.sleep(0.005)
-sys.exit(train.sweep.main(sys.argv[3:]))
+sys.exit(orchestration.sweep.main(sys.argv[3:]))
 """
 
 
@@ -316,7 +316,7 @@ def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
     rate: three sweep ids, each folder holding only its own sweep.json, jobs and frozen point config."""
     from omegaconf import OmegaConf
 
-    from train.launch.executors import cancel_jobs, pid_alive
+    from infra.executors import cancel_jobs, pid_alive
 
     env = sweep_env(tmp_path, Path("/nonexistent/model"))  # the jobs fail at once: only folders matter here
     go = tmp_path / "go"
@@ -343,7 +343,7 @@ def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
         )  # fmt: skip
         for lr in lrs
     ]
-    time.sleep(5)  # every driver has imported train.sweep (then they start together)
+    time.sleep(5)  # every driver has imported orchestration.sweep (then they start together)
     go.touch()
     outs = [p.communicate(timeout=300) for p in procs]
     infos = [

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from train.__main__ import main
+from orchestration.train_cli import main
 from train.config import build_config
 from train.stages.grpo import GRPOTrainer
 

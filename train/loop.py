@@ -10,7 +10,7 @@ run wrapper that marks a crashed run FAILED. A method supplies only what differs
 - `validate(step) -> metrics` and `has_validation()`: its held-out figures;
 - `one_line(step, metrics)`, `kind`, `progress_metric`, `examples_per_step`.
 
-Preemption (SIGTERM, SIGUSR2: train/launch/preempt.py): the step running when the signal comes finishes
+Preemption (SIGTERM, SIGUSR2: train/preemption.py): the step running when the signal comes finishes
 (or the save running then), a checkpoint is written (`checkpoint_on_preempt`), the MLflow run is marked
 KILLED with a note (a requeued or resumed job reopens the same run and continues it) and `Preempted` ends
 the run. `preempt_grace_s` bounds the whole exit: the step is abandoned when what is left of it would not
@@ -30,8 +30,8 @@ from infra import checkpoint_layout as layout
 from infra.redact import redacted_yaml
 from infra.tracking import RUN_DIR_TAG, RUN_ID_FILE, Tracker, flatten, recorded_run_id
 from train import checkpoint as ckpt
-from train.launch.preempt import CONTROL_DIR_ENV, Preempted, PreemptWatch, write_outcome
 from train.policy.distributed import all_gather_objects, barrier
+from train.preemption import CONTROL_DIR_ENV, Preempted, PreemptWatch, write_outcome
 from train.progress import write_progress
 
 

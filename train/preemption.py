@@ -9,7 +9,7 @@ limit (its hook then checkpoints and requeues the job). Either signal, handled o
   is written (`checkpoint_on_preempt`; abandoned too when still running at the budget), the loop raises
   `Preempted`, the MLflow run is marked KILLED (a requeued job reopens it: the same run goes on), and
   the caller exits (`python -m train`: status 128 + signal; a sweep job: submitit's USR2 hook requeues).
-- several ranks under torchrun (`train/launch/ranks.py`): the launcher handles the signal. torchrun and
+- several ranks under torchrun (`orchestration/ranks.py`): the launcher handles the signal. torchrun and
   the ranks are started with SIGUSR2 ignored (a signal Slurm sends to every process of the job would
   otherwise kill them); the launcher writes `request` in the ranks' control folder
   (`$RLPOST_PREEMPT_DIR`), every rank reads it at the step boundary and the ranks agree (one
@@ -172,46 +172,3 @@ def read_outcome(folder: Path) -> Preempted | None:
         return Preempted.from_dict(json.loads((folder / OUTCOME).read_text()))
     except (OSError, ValueError, KeyError):
         return None
-
-
-def ignore_preempt_usr2() -> None:
-    """preexec_fn of torchrun: SIGUSR2 ignored there and in the ranks (inherited through exec)."""
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def forward_to_ranks(folder: Path, say: Callable[[str], None] = print) -> Iterator[dict]:
-    """The launcher's side: while its ranks run, SIGTERM / SIGUSR2 write the ranks' request (once).
-    Yields a dict that gets `signal` and `received_at` when one came."""
-    seen: dict = {}
-
-    def on_signal(signum: int, frame) -> None:
-        if seen:
-            return
-        seen.update(signal=signame(signum), received_at=time.time())
-        say(f"{signame(signum)} received by the launcher: the ranks finish their step, checkpoint and exit")
-        tmp = folder / f".{REQUEST}.tmp"
-        tmp.write_text(json.dumps(seen))
-        tmp.replace(folder / REQUEST)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield seen  # handlers live on the main thread (tests start 'nodes' in threads)
-        return
-    previous = {sig: signal.getsignal(sig) for sig in PREEMPT_SIGNALS}
-    for sig in PREEMPT_SIGNALS:
-        signal.signal(sig, on_signal)
-    try:
-        yield seen
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def hand_to_scheduler(stop: Preempted) -> None:
-    """After the checkpoint: give a SIGUSR2 to the handler that was there before ours (submitit's
-    checkpoint-and-requeue hook, inside a sweep job), which requeues the job and exits."""
-    if stop.signame != "SIGUSR2":
-        return
-    handler = signal.getsignal(signal.SIGUSR2)
-    if callable(handler):
-        handler(signal.SIGUSR2, None)

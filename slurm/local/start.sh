@@ -72,7 +72,7 @@ SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd.log
-# No accounting daemon: sacct does not work here (train.sweep reads squeue and status.json instead).
+# No accounting daemon: sacct does not work here (orchestration.sweep reads squeue and status.json instead).
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none

@@ -1,13 +1,13 @@
 """A reward computed by Ray actors spread over the cluster's nodes (a swappable `reward:` component).
 
     reward:
-      _target_: train.launch.ray_reward.RayReward
+      _target_: train.rewards.ray_reward.RayReward
       num_workers: 4
       reward: {_target_: train.rewards.math_reward.MathReward, timeout_s: 3.0}
 
 Each actor builds the inner reward once; a batch is split by whole groups (group-relative rewards such
 as DARLING see complete groups) and the results are put back in sample order. Connects to
-`address`, else `RAY_ADDRESS` (set by train.ray_cluster in a multi-node job), else starts a
+`address`, else `RAY_ADDRESS` (set by orchestration.ray_cluster in a multi-node job), else starts a
 local Ray.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from hydra.utils import instantiate
 
-from train.ray_cluster import connect
+from infra.ray_connect import connect
 from train.rewards.base import RewardFn, RewardResult
 
 

@@ -12,7 +12,7 @@ built from the same model folder. A batch is split into contiguous runs of whole
 and each run samples with `seed + its first row`, so row i always samples with seed + i: the tokens do
 not depend on how many engines there are. New weights are put in Ray's object store once and every
 actor loads them from there. Connects to `address`, else `RAY_ADDRESS` (set by
-train.ray_cluster inside a multi-node job), else starts a local Ray.
+orchestration.ray_cluster inside a multi-node job), else starts a local Ray.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from hydra.utils import instantiate
 
+from infra.ray_connect import connect
 from train.batch import Batch
 from train.components import target_params
-from train.ray_cluster import connect
 from train.rollout.base import ENGINE_ARGS, SamplingConfig
 
 DEFAULT_INNER = {"_target_": "train.rollout.vllm_engine.VLLMEngine"}

@@ -282,7 +282,7 @@ def _pair_weighted(metrics: dict[str, float], local_pairs: int, total_pairs: flo
 
 
 class DPOStage:
-    """The `_target_` of a DPO stage in an experiment's `stages:` block (train/pipeline.py)."""
+    """The `_target_` of a DPO stage in an experiment's `stages:` block (orchestration/pipeline.py)."""
 
     schema = DPOConfig
 

@@ -654,7 +654,7 @@ def run(cfg: DictConfig, engine=None) -> dict[str, float]:
 
 
 class GRPOStage:
-    """The `_target_` of a GRPO stage in an experiment's `stages:` block (train/pipeline.py)."""
+    """The `_target_` of a GRPO stage in an experiment's `stages:` block (orchestration/pipeline.py)."""
 
     @property
     def schema(self) -> type:

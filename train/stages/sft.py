@@ -278,7 +278,7 @@ class SFTTrainer(OfflineStage):
 
 
 class SFTStage:
-    """The `_target_` of an SFT stage in an experiment's `stages:` block (train/pipeline.py)."""
+    """The `_target_` of an SFT stage in an experiment's `stages:` block (orchestration/pipeline.py)."""
 
     schema = SFTConfig
 
