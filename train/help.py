@@ -10,15 +10,15 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from train import config
+from train.config import schema as config_schema
 
 
 def field_comments() -> dict[tuple[str, str], str]:
-    """{(class name, field): the comment beside the field} of train/config.py (on the field's own line, or
+    """{(class name, field): the comment beside the field} of train/config/schema.py (on the field's own line, or
     on the closing line of a declaration the formatter wrapped)."""
     comments: dict[tuple[str, str], str] = {}
     current = name = ""
-    for line in inspect.getsource(config).splitlines():
+    for line in inspect.getsource(config_schema).splitlines():
         m = re.match(r"class (\w+)", line)
         if m:
             current, name = m.group(1), ""
@@ -90,9 +90,9 @@ def describe(cfg: DictConfig | None = None) -> str:
     """The option list; with `cfg` (an experiment's config) its components' arguments as configured."""
     from train.algorithms import registry
 
-    cfg = cfg if cfg is not None else OmegaConf.structured(config.train_schema())
+    cfg = cfg if cfg is not None else OmegaConf.structured(config_schema.train_schema())
     registry.load_entries()
-    parts = schema_lines(config.train_schema())
+    parts = schema_lines(config_schema.train_schema())
     parts.append("")
     parts.append(
         "Advantage estimators (algorithm.adv_estimator): " + ", ".join(sorted(registry.ADV_ESTIMATORS))
