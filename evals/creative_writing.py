@@ -29,6 +29,7 @@ from evals.common.results import KeyedJsonl
 from evals.common.suite import EvalContext
 from evals.creative import pairwise as pw
 from evals.creative import text_metrics as tm
+from evals.creative.judge import judge_client
 from evals.creative.prompts import expand_items, load_prompts
 from evals.creative.rating import best_iteration_per_prompt
 from evals.creative.rubric import Rubric, judge_prompt, load_rubric, pairwise_prompt
@@ -81,6 +82,133 @@ def load_baseline_pieces(spec: str, results_dir: Path) -> dict[str, dict]:
     return pieces
 
 
+def _add_protocol_args(g) -> None:
+    """Upstream's options: prompts, generation, the judge, slop lists, the bootstrap."""
+    g.add_argument("--prompts", default=None, help="prompts JSON (default: the project's own 8 prompts)")
+    g.add_argument("--iterations", type=int, default=3, help="pieces per prompt, each with its seed modifier")
+    g.add_argument("--criteria", default=None, help="rubric criteria file, one per line")
+    g.add_argument("--negative-criteria", default=None, help="lower-is-better criteria file")
+    g.add_argument("--judge-prompt", default=None, help="judging prompt template")
+    g.add_argument("--pairwise-prompt", default=None, help="pairwise prompt template")
+    g.add_argument("--max-tokens", type=int, default=4000, help="generation budget per piece")
+    g.add_argument("--temperature", type=float, default=0.7)
+    g.add_argument("--min-p", type=float, default=0.1)
+    g.add_argument("--min-chars", type=int, default=500, help="shorter pieces are regenerated")
+    g.add_argument(
+        "--short-retries", type=int, default=2, help="regenerations of a short piece (upstream: 3 tries)"
+    )
+    g.add_argument("--judge-model", default=None, help="provider/model, provider in {openai, anthropic}")
+    g.add_argument("--judge-base-url", default=None, help="judge server URL (default: the provider's API)")
+    g.add_argument("--judge-api-key-env", default=None, help="env var with the judge key")
+    g.add_argument("--judge-max-tokens", type=int, default=1000, help="rubric judge reply budget")
+    g.add_argument(
+        "--pairwise-max-tokens", type=int, default=16000, help="pairwise judge reply budget (upstream)"
+    )
+    g.add_argument("--judge-timeout", type=float, default=120.0, help="seconds per judge request")
+    g.add_argument("--judge-retries", type=int, default=5, help="retries on 429/5xx/time-outs")
+    g.add_argument("--judge-concurrency", type=int, default=8)
+    g.add_argument("--judge-cache-dir", default=None, help="judge reply cache (default: .cache/llm_replies)")
+    g.add_argument("--baseline-ckpt", default=None, help="pairwise baseline: checkpoint or its results")
+    g.add_argument("--pairwise-max-chars", type=int, default=4000, help="pieces are cut to this for pairwise")
+    g.add_argument("--slop-words", default=None, help="slop word list (default: the project's own)")
+    g.add_argument("--slop-bigrams", default=None)
+    g.add_argument("--slop-trigrams", default=None)
+    g.add_argument("--bootstrap-resamples", type=int, default=500)
+
+
+# The project's own rules: switches (off = upstream) and choices (the first value is upstream's).
+_RULE_SWITCHES = (
+    (
+        "--strict-scores",
+        "read only rubric criteria from the [Scores] block (any markdown/numbering/apostrophes); "
+        "upstream counts every 'Name: N' of the reply, e.g. 'Chapter 2: 15'",
+    ),
+    (
+        "--judge-sees-seed",
+        "show the judges the brief the writer saw; upstream shows the template with <SEED> in it",
+    ),
+    (
+        "--per-piece-text-metrics",
+        "slop and complexity as means of per-piece values; upstream computes them on all pieces joined",
+    ),
+)
+_RULE_CHOICES = (
+    (
+        "--ci-over",
+        ("pieces", "prompts"),
+        "bootstrap unit of the score CI: pieces (upstream) or prompts (a prompt's pieces together)",
+    ),
+    (
+        "--complexity-rules",
+        ("upstream", "project"),
+        "project: words = tokens with a letter, vowel-group syllables for unknown words, FK >= 0",
+    ),
+    (
+        "--repetition-words",
+        ("whitespace", "alphabetic"),
+        "repetition denominator: whitespace words (upstream) or alphabetic tokens",
+    ),
+    (
+        "--pairwise-parse",
+        ("upstream", "exact"),
+        "exact: count only values that are an id plus '+' signs, at most 5, no cross-penalty",
+    ),
+)
+
+
+def _add_beyond_upstream_args(o) -> None:
+    """The project's own rules, each off by default (docs/evals.md)."""
+    for flag, help_text in _RULE_SWITCHES:
+        o.add_argument(flag, action="store_true", help=help_text)
+    for flag, choices, help_text in _RULE_CHOICES:
+        o.add_argument(flag, choices=choices, default=choices[0], help=help_text)
+    o.add_argument(
+        "--repetition-min-prompts",
+        type=int,
+        default=3,
+        help="an n-gram counts for repetition if it occurs in this many prompts' pieces (upstream: 3)",
+    )
+    o.add_argument(
+        "--human-profile",
+        default=None,
+        help="EQ-Bench's human_writing_profile.json: rank repeated n-grams by over-use against it "
+        "(upstream ships it; without it, by count, as upstream does when it is missing)",
+    )
+    o.add_argument(
+        "--stopwords",
+        default=None,
+        help="stopword file, one per line (upstream: NLTK's English list; default: PyPI stop-words)",
+    )
+
+
+def _add_rating_args(r) -> None:
+    """`--rate`: the pairwise ladder over every evaluated checkpoint."""
+    r.add_argument(
+        "--rate",
+        action="store_true",
+        help="rate every checkpoint with creative_writing results in --results-dir against the others "
+        "(EQ-Bench v3's pairwise TrueSkill/Elo; needs --judge-model, no --ckpt)",
+    )
+    r.add_argument("--rate-budget", type=int, default=48, help="matchups per pair of checkpoints (upstream)")
+    r.add_argument(
+        "--rate-anchors",
+        default=None,
+        help="two checkpoints and the ratings they are mapped to, e.g. 'step_000000=200,step_000100=1500' "
+        "(upstream anchors two API models; without two anchors the raw ratings stand)",
+    )
+    r.add_argument(
+        "--rate-ignore-prompts",
+        default=None,
+        help="prompt ids left out of the rating (default: upstream's 5,16,20,21,26,28,30 for its v3 file)",
+    )
+    r.add_argument(
+        "--rate-rank-window",
+        type=int,
+        default=16,
+        help="drop matchups of checkpoints further apart on the ladder",
+    )
+
+
 class CreativeWritingSuite:
     name = "creative_writing"
     summary_options = (
@@ -99,133 +227,13 @@ class CreativeWritingSuite:
     )
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("creative writing (EQ-Bench v3 protocol)")
-        g.add_argument("--prompts", default=None, help="prompts JSON (default: the project's own 8 prompts)")
-        g.add_argument(
-            "--iterations", type=int, default=3, help="pieces per prompt, each with its seed modifier"
+        _add_protocol_args(parser.add_argument_group("creative writing (EQ-Bench v3 protocol)"))
+        _add_beyond_upstream_args(
+            parser.add_argument_group(
+                "creative writing options beyond upstream (off by default; docs/evals.md says what each changes)"
+            )
         )
-        g.add_argument("--criteria", default=None, help="rubric criteria file, one per line")
-        g.add_argument("--negative-criteria", default=None, help="lower-is-better criteria file")
-        g.add_argument("--judge-prompt", default=None, help="judging prompt template")
-        g.add_argument("--pairwise-prompt", default=None, help="pairwise prompt template")
-        g.add_argument("--max-tokens", type=int, default=4000, help="generation budget per piece")
-        g.add_argument("--temperature", type=float, default=0.7)
-        g.add_argument("--min-p", type=float, default=0.1)
-        g.add_argument("--min-chars", type=int, default=500, help="shorter pieces are regenerated")
-        g.add_argument(
-            "--short-retries", type=int, default=2, help="regenerations of a short piece (upstream: 3 tries)"
-        )
-        g.add_argument("--judge-model", default=None, help="provider/model, provider in {openai, anthropic}")
-        g.add_argument(
-            "--judge-base-url", default=None, help="judge server URL (default: the provider's API)"
-        )
-        g.add_argument("--judge-api-key-env", default=None, help="env var with the judge key")
-        g.add_argument("--judge-max-tokens", type=int, default=1000, help="rubric judge reply budget")
-        g.add_argument(
-            "--pairwise-max-tokens", type=int, default=16000, help="pairwise judge reply budget (upstream)"
-        )
-        g.add_argument("--judge-timeout", type=float, default=120.0, help="seconds per judge request")
-        g.add_argument("--judge-retries", type=int, default=5, help="retries on 429/5xx/time-outs")
-        g.add_argument("--judge-concurrency", type=int, default=8)
-        g.add_argument(
-            "--judge-cache-dir", default=None, help="judge reply cache (default: .cache/llm_replies)"
-        )
-        g.add_argument("--baseline-ckpt", default=None, help="pairwise baseline: checkpoint or its results")
-        g.add_argument(
-            "--pairwise-max-chars", type=int, default=4000, help="pieces are cut to this for pairwise"
-        )
-        g.add_argument("--slop-words", default=None, help="slop word list (default: the project's own)")
-        g.add_argument("--slop-bigrams", default=None)
-        g.add_argument("--slop-trigrams", default=None)
-        g.add_argument("--bootstrap-resamples", type=int, default=500)
-        o = parser.add_argument_group(
-            "creative writing options beyond upstream (off by default; docs/evals.md says what each changes)"
-        )
-        o.add_argument(
-            "--strict-scores",
-            action="store_true",
-            help="read only rubric criteria from the [Scores] block (any markdown/numbering/apostrophes); "
-            "upstream counts every 'Name: N' of the reply, e.g. 'Chapter 2: 15'",
-        )
-        o.add_argument(
-            "--judge-sees-seed",
-            action="store_true",
-            help="show the judges the brief the writer saw; upstream shows the template with <SEED> in it",
-        )
-        o.add_argument(
-            "--ci-over",
-            choices=("pieces", "prompts"),
-            default="pieces",
-            help="bootstrap unit of the score CI: pieces (upstream) or prompts (a prompt's pieces together)",
-        )
-        o.add_argument(
-            "--per-piece-text-metrics",
-            action="store_true",
-            help="slop and complexity as means of per-piece values; upstream computes them on all pieces "
-            "joined",
-        )
-        o.add_argument(
-            "--complexity-rules",
-            choices=("upstream", "project"),
-            default="upstream",
-            help="project: words = tokens with a letter, vowel-group syllables for unknown words, FK >= 0",
-        )
-        o.add_argument(
-            "--repetition-min-prompts",
-            type=int,
-            default=3,
-            help="an n-gram counts for repetition if it occurs in this many prompts' pieces (upstream: 3)",
-        )
-        o.add_argument(
-            "--repetition-words",
-            choices=("whitespace", "alphabetic"),
-            default="whitespace",
-            help="repetition denominator: whitespace words (upstream) or alphabetic tokens",
-        )
-        o.add_argument(
-            "--human-profile",
-            default=None,
-            help="EQ-Bench's human_writing_profile.json: rank repeated n-grams by over-use against it "
-            "(upstream ships it; without it, by count, as upstream does when it is missing)",
-        )
-        o.add_argument(
-            "--stopwords",
-            default=None,
-            help="stopword file, one per line (upstream: NLTK's English list; default: PyPI stop-words)",
-        )
-        r = parser.add_argument_group("rating (python -m evals.creative_writing --rate)")
-        r.add_argument(
-            "--rate",
-            action="store_true",
-            help="rate every checkpoint with creative_writing results in --results-dir against the others "
-            "(EQ-Bench v3's pairwise TrueSkill/Elo; needs --judge-model, no --ckpt)",
-        )
-        r.add_argument(
-            "--rate-budget", type=int, default=48, help="matchups per pair of checkpoints (upstream)"
-        )
-        r.add_argument(
-            "--rate-anchors",
-            default=None,
-            help="two checkpoints and the ratings they are mapped to, e.g. 'step_000000=200,step_000100=1500' "
-            "(upstream anchors two API models; without two anchors the raw ratings stand)",
-        )
-        r.add_argument(
-            "--rate-ignore-prompts",
-            default=None,
-            help="prompt ids left out of the rating (default: upstream's 5,16,20,21,26,28,30 for its v3 file)",
-        )
-        r.add_argument(
-            "--rate-rank-window",
-            type=int,
-            default=16,
-            help="drop matchups of checkpoints further apart on the ladder",
-        )
-        o.add_argument(
-            "--pairwise-parse",
-            choices=("upstream", "exact"),
-            default="upstream",
-            help="exact: count only values that are an id plus '+' signs, at most 5, no cross-penalty",
-        )
+        _add_rating_args(parser.add_argument_group("rating (python -m evals.creative_writing --rate)"))
 
     # -- setup ---------------------------------------------------------------------------------------
     def _setup(self, args: argparse.Namespace) -> dict:
@@ -233,7 +241,7 @@ class CreativeWritingSuite:
         cached = getattr(args, "_creative_setup", None)
         if cached is not None:
             return cached
-        from infra.llm.client import LLMClient, LLMClientError
+        from infra.llm.client import LLMClientError
 
         if not args.judge_model:
             raise EvalError(
@@ -246,14 +254,7 @@ class CreativeWritingSuite:
                     args.criteria, args.negative_criteria, args.judge_prompt, args.pairwise_prompt
                 ),
                 "slop": tm.load_slop_lists(args.slop_words, args.slop_bigrams, args.slop_trigrams),
-                "judge": LLMClient(
-                    args.judge_model,
-                    base_url=args.judge_base_url,
-                    api_key_env=args.judge_api_key_env,
-                    timeout_s=args.judge_timeout,
-                    max_retries=args.judge_retries,
-                    cache_dir=args.judge_cache_dir,
-                ),
+                "judge": judge_client(args),
             }
         except (ValueError, LLMClientError) as exc:  # CheckpointNotFound is a ValueError too
             raise EvalError(str(exc)) from None

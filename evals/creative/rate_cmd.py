@@ -20,6 +20,7 @@ from evals.common.cli import DEFAULT_RESULTS_DIR, EvalError
 from evals.common.results import KeyedJsonl, ResultsStore
 from evals.creative import pairwise as pw
 from evals.creative import rating as rt
+from evals.creative.judge import judge_client
 from evals.creative.rubric import load_rubric, pairwise_prompt
 
 RATING_DIR = "creative_writing_rating"
@@ -80,8 +81,6 @@ def rate_main(argv: list[str] | None, suite, judge_brief) -> dict[str, rt.Writer
 
 
 def run_rating(args: argparse.Namespace, judge_brief) -> dict[str, rt.WriterRating]:
-    from infra.llm.client import LLMClient, LLMClientError
-
     writers = load_writers(args.results_dir)
     if len(writers) < 2:
         raise EvalError(
@@ -91,8 +90,40 @@ def run_rating(args: argparse.Namespace, judge_brief) -> dict[str, rt.WriterRati
     if not args.judge_model:
         raise EvalError("--rate needs a pairwise judge: pass --judge-model provider/model")
     rubric = load_rubric(args.criteria, args.negative_criteria, args.judge_prompt, args.pairwise_prompt)
-    negative = set(rubric.negative)
     anchors = _parse_anchors(args.rate_anchors)
+    names = sorted(writers)
+    ignored = _ignored_prompts(args.rate_ignore_prompts, writers)
+    wanted = _wanted_matchups(args, writers, rubric, ignored, judge_brief)
+    store = KeyedJsonl(
+        Path(args.results_dir) / RATING_DIR / "judgements.jsonl", "key"
+    )  # every pairwise reply
+    _judge_missing(args, [w for w in wanted if w["key"] not in store.rows], store)
+    judgements, n_failed = _read_verdicts(args, wanted, store)
+    ratings = rt.rate(names, judgements, anchors, ignored, args.rate_rank_window)
+    out = {
+        "writers": {n: asdict(r) for n, r in ratings.items()},
+        "n_judgements": len(judgements),
+        "n_parse_failed": n_failed,
+        "anchors": anchors,
+        "ignored_prompts": sorted(ignored),
+    }
+    path = Path(args.results_dir) / RATING_DIR / "ratings.json"
+    path.write_text(json.dumps(out, indent=1))
+    for n in sorted(names, key=lambda n: -ratings[n].rating):
+        r = ratings[n]
+        print(
+            f"[rate] {n}: rating {r.rating:.1f} [{r.ci_lo:.1f}, {r.ci_hi:.1f}] norm {r.rating_norm:.1f} ({r.n_matchups} matchups)"
+        )
+    print(f"[rate] {len(judgements)} judgements ({n_failed} unparsable) -> {path}")
+    if not args.no_mlflow:
+        _log(writers, ratings)
+    return ratings
+
+
+def _wanted_matchups(args, writers: dict[str, dict], rubric, ignored: list[str], judge_brief) -> list[dict]:
+    """Every pairwise judgement the rating needs: each pair of checkpoints' matchups on their two best
+    iterations, each shown in both orders, keyed so that a stored reply is never asked for again."""
+    negative = set(rubric.negative)
     names = sorted(writers)
     pieces: dict[str, dict[str, dict[str, dict]]] = {}
     tops: dict[str, list[str]] = {}
@@ -102,11 +133,6 @@ def run_rating(args: argparse.Namespace, judge_brief) -> dict[str, rt.WriterRati
             by_iter.setdefault(str(r["iteration"]), {})[str(r["prompt_id"])] = r
         pieces[name] = by_iter
         tops[name] = rt.top_iterations(iteration_scores(writers[name]["records"], negative), 2)
-    ignored = _ignored_prompts(args.rate_ignore_prompts, writers)
-
-    store = KeyedJsonl(
-        Path(args.results_dir) / RATING_DIR / "judgements.jsonl", "key"
-    )  # every pairwise reply
     wanted: list[dict] = []
     for i, test in enumerate(names):
         for other in names[i + 1 :]:
@@ -138,36 +164,37 @@ def run_rating(args: argparse.Namespace, judge_brief) -> dict[str, rt.WriterRati
                             "prompt": prompt_text,
                         }
                     )
-    missing = [w for w in wanted if w["key"] not in store.rows]
-    if missing:
-        try:
-            judge = LLMClient(
-                args.judge_model,
-                base_url=args.judge_base_url,
-                api_key_env=args.judge_api_key_env,
-                timeout_s=args.judge_timeout,
-                max_retries=args.judge_retries,
-                cache_dir=args.judge_cache_dir,
+    return wanted
+
+
+def _judge_missing(args, missing: list[dict], store: KeyedJsonl) -> None:
+    """Ask the judge for `missing` in batches of 64, storing each batch's replies as they come."""
+    if not missing:
+        return
+    from infra.llm.client import LLMClientError
+
+    try:
+        judge = judge_client(args)
+        for start in range(0, len(missing), 64):
+            batch = missing[start : start + 64]
+            replies = judge.complete_many(
+                [[{"role": "user", "content": w["prompt"]}] for w in batch],
+                temperature=0.0,
+                max_tokens=args.pairwise_max_tokens,
+                max_concurrency=args.judge_concurrency,
             )
-            for start in range(0, len(missing), 64):
-                batch = missing[start : start + 64]
-                replies = judge.complete_many(
-                    [[{"role": "user", "content": w["prompt"]}] for w in batch],
-                    temperature=0.0,
-                    max_tokens=args.pairwise_max_tokens,
-                    max_concurrency=args.judge_concurrency,
-                )
-                store.add(
-                    [
-                        {k: v for k, v in w.items() if k != "prompt"} | {"reply": r}
-                        for w, r in zip(batch, replies)
-                    ]
-                )
-        except (LLMClientError, ValueError) as exc:
-            raise EvalError(
-                f"judge {args.judge_model}: {exc}. Replies received so far are kept in {store.path}; "
-                "rerun the same command to judge the rest"
-            ) from None
+            store.add(
+                [{k: v for k, v in w.items() if k != "prompt"} | {"reply": r} for w, r in zip(batch, replies)]
+            )
+    except (LLMClientError, ValueError) as exc:
+        raise EvalError(
+            f"judge {args.judge_model}: {exc}. Replies received so far are kept in {store.path}; "
+            "rerun the same command to judge the rest"
+        ) from None
+
+
+def _read_verdicts(args, wanted: list[dict], store: KeyedJsonl) -> tuple[list[rt.Judgement], int]:
+    """The parsed judgements of `wanted` and how many replies could not be parsed."""
     parse = pw.parse_verdict if args.pairwise_parse == "exact" else pw.parse_verdict_upstream
     judgements = []
     n_failed = 0
@@ -177,25 +204,7 @@ def run_rating(args: argparse.Namespace, judge_brief) -> dict[str, rt.WriterRati
             n_failed += 1
             continue
         judgements.append(rt.Judgement(w["item"], w["a"], w["iter_a"], w["b"], w["iter_b"], *verdict))
-    ratings = rt.rate(names, judgements, anchors, ignored, args.rate_rank_window)
-    out = {
-        "writers": {n: asdict(r) for n, r in ratings.items()},
-        "n_judgements": len(judgements),
-        "n_parse_failed": n_failed,
-        "anchors": anchors,
-        "ignored_prompts": sorted(ignored),
-    }
-    path = Path(args.results_dir) / RATING_DIR / "ratings.json"
-    path.write_text(json.dumps(out, indent=1))
-    for n in sorted(names, key=lambda n: -ratings[n].rating):
-        r = ratings[n]
-        print(
-            f"[rate] {n}: rating {r.rating:.1f} [{r.ci_lo:.1f}, {r.ci_hi:.1f}] norm {r.rating_norm:.1f} ({r.n_matchups} matchups)"
-        )
-    print(f"[rate] {len(judgements)} judgements ({n_failed} unparsable) -> {path}")
-    if not args.no_mlflow:
-        _log(writers, ratings)
-    return ratings
+    return judgements, n_failed
 
 
 def _log(writers: dict[str, dict], ratings: dict[str, rt.WriterRating]) -> None:
