@@ -198,3 +198,20 @@ def test_weight_sync_time_by_hand(capsys):
     main(["experiment=darling_math", "preset=paper", "gpu=h100", "policy.cpu_offload=true"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("weight sync per step"))
     assert " s at datasheet rates" in line and "host->GPU over PCIe" in line
+
+
+def test_lora_sleeps_at_level_one_at_most_in_the_engine_and_the_plan():
+    """Level 2 discards the base weights an adapter sync keeps: under LoRA one rule caps it at 1, and the
+    planner plans what the engine does (both ask `sleep_level_under_lora`)."""
+    from omegaconf import OmegaConf
+
+    from train.config.schema import train_schema
+    from train.plan import workload_from_config
+    from train.rollout.vllm_engine import sleep_level_under_lora
+
+    assert [sleep_level_under_lora(level, 8) for level in (0, 1, 2)] == [0, 1, 1]
+    assert [sleep_level_under_lora(level, 0) for level in (0, 1, 2)] == [0, 1, 2]
+    cfg = OmegaConf.structured(train_schema())
+    assert workload_from_config(cfg).sleep_level == 2
+    cfg.policy.lora.rank = 4
+    assert workload_from_config(cfg).sleep_level == 1

@@ -354,6 +354,8 @@ def response_budget(cfg) -> int:
 
 
 def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload:
+    from train.rollout.vllm_engine import sleep_level_under_lora
+
     algo, pol, r = cfg.algorithm, cfg.policy, cfg.rollout
     mini = algo.ppo_mini_batch_size or cfg.data.prompts_per_step
     updates = algo.ppo_epochs * (cfg.data.prompts_per_step // mini)
@@ -376,8 +378,7 @@ def workload_from_config(cfg, plan_prompt_tokens: int | None = None) -> Workload
         cpu_offload=bool(pol.cpu_offload),
         gpu_memory_utilization=engine["gpu_memory_utilization"],
         tensor_parallel_size=engine["tensor_parallel_size"],
-        # under LoRA vLLM sleeps at level 1 at most (level 2 would discard the base an adapter sync keeps)
-        sleep_level=min(engine["sleep_level"], 1) if pol.lora.rank > 0 else engine["sleep_level"],
+        sleep_level=sleep_level_under_lora(engine["sleep_level"], pol.lora.rank),
         max_model_len=engine["max_model_len"],
         engine="hf_generate" if str(r.engine.get("_target_", "")).endswith("HFEngine") else "vllm",
         lora_rank=int(pol.lora.rank),

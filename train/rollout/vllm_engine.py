@@ -50,6 +50,12 @@ from train.rollout.base import SamplingConfig, TurnOutput, expand_groups
 SLEEP_LEVELS = (0, 1, 2)  # 0 = never sleep
 
 
+def sleep_level_under_lora(sleep_level: int, lora_rank: int) -> int:
+    """The level a GPU engine sleeps at: under LoRA (`lora_rank > 0`) at most 1, as level 2 discards the
+    base weights an adapter sync keeps (the engine and train/plan.py both ask here)."""
+    return min(sleep_level, 1) if lora_rank > 0 else sleep_level
+
+
 def _configure_env(kv_cache_gb: float) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gb))))
@@ -325,9 +331,7 @@ class VLLMEngine:
         self.takes_adapters = lora_rank > 0  # the policy's LoRA adapter is synced alone (weight_sync.py)
         self.lora_request = None  # the current adapter version, sent with every request
         self.adapter_folders = None
-        self.sleep_level = sleep_level if self.device_type == "cuda" else 0
-        if lora_rank > 0 and self.sleep_level == 2:  # level 2 discards the base weights an adapter sync keeps
-            self.sleep_level = 1
+        self.sleep_level = sleep_level_under_lora(sleep_level, lora_rank) if self.device_type == "cuda" else 0
         self.gpu_sleep_level = sleep_level  # what it does on a GPU (0: holds its share for its whole life)
         self.gpu_memory_utilization = gpu_memory_utilization  # its share of each GPU (GPU only)
         claim_sleep_mode(self, self.device_type, self.sleep_level)
