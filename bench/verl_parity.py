@@ -203,20 +203,34 @@ def _grad(fn: Callable, log_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return loss.detach(), g
 
 
+def _actor_cfg(verl, **kw):
+    """verl's ActorConfig for one loss; `policy_loss={...}` sets fields of its frozen policy_loss part."""
+    policy_loss = kw.pop("policy_loss", {})
+    cfg = verl.ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **kw)
+    for k, v in policy_loss.items():
+        object.__setattr__(cfg.policy_loss, k, v)
+    return cfg
+
+
 def loss_rows(verl, gen) -> list[Row]:
-    core, rows = verl.core, []
+    """Every policy loss mode, the value loss, the KL estimators and the aggregation modes against verl."""
     b = random_batch(gen)
     m = b.mask
     old = -torch.rand(b.B, b.T, generator=gen, dtype=D) * 4
     logp = old + 0.3 * torch.randn(b.B, b.T, generator=gen, dtype=D)
     advs = torch.randn(b.B, b.T, generator=gen, dtype=D) * m
+    rows = _policy_loss_rows(verl, m, old, logp, advs)
+    rows += _value_loss_rows(verl, gen, b)
+    rows += _kl_rows(verl, gen, b, logp)
+    for agg in aggregation.LOSS_AGG_MODES:
+        mat = torch.randn(b.B, b.T, generator=gen, dtype=D)
+        rows.append((f"agg_loss {agg}", "tests/test_losses.py", maxdiff(aggregation.agg_loss(mat, m, agg), verl.core.agg_loss(mat, m, agg)), ""))  # fmt: skip
+    return rows
 
-    def actor_cfg(**kw):
-        policy_loss = kw.pop("policy_loss", {})
-        cfg = verl.ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **kw)
-        for k, v in policy_loss.items():
-            object.__setattr__(cfg.policy_loss, k, v)
-        return cfg
+
+def _policy_loss_rows(verl, m, old, logp, advs) -> list[Row]:
+    """Loss and gradient of each policy loss mode (vanilla in every aggregation mode)."""
+    core, rows = verl.core, []
 
     def compare(name, test, ours_fn, verl_fn, agg, seed=None, note=""):
         if seed is not None:
@@ -229,7 +243,7 @@ def loss_rows(verl, gen) -> list[Row]:
 
     low, high = 0.2, 0.28
     for agg in aggregation.LOSS_AGG_MODES:
-        cfg = actor_cfg(clip_ratio_low=low, clip_ratio_high=high, loss_agg_mode=agg)
+        cfg = _actor_cfg(verl, clip_ratio_low=low, clip_ratio_high=high, loss_agg_mode=agg)
         compare(
             f"vanilla ({agg})",
             "tests/test_losses.py",
@@ -237,7 +251,7 @@ def loss_rows(verl, gen) -> list[Row]:
             lambda lp, cfg=cfg, agg=agg: core.compute_policy_loss_vanilla(old, lp, advs, m, agg, cfg),
             agg,
         )
-    cfg = actor_cfg(clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+    cfg = _actor_cfg(verl, clip_ratio_low=3e-4, clip_ratio_high=4e-4)
     compare(
         "gspo (seq-mean-token-mean)",
         "tests/test_policy_losses.py",
@@ -246,7 +260,7 @@ def loss_rows(verl, gen) -> list[Row]:
         "seq-mean-token-mean",
         note="verl forces seq-mean-token-mean whatever loss_agg_mode says",
     )
-    cfg = actor_cfg(clip_ratio_low=low, clip_ratio_high=high)
+    cfg = _actor_cfg(verl, clip_ratio_low=low, clip_ratio_high=high)
     compare(
         "cispo",
         "tests/test_policy_losses.py",
@@ -261,7 +275,7 @@ def loss_rows(verl, gen) -> list[Row]:
         lambda lp: core.compute_policy_loss_gpg(old, lp, advs, m, "token-mean", cfg),
         "token-mean",
     )
-    cfg = actor_cfg(clip_ratio_low=low, clip_ratio_high=high, policy_loss={"clip_cov_ratio": 0.05})
+    cfg = _actor_cfg(verl, clip_ratio_low=low, clip_ratio_high=high, policy_loss={"clip_cov_ratio": 0.05})
     compare(
         "clip_cov (ratio .05, same RNG seed)",
         "tests/test_policy_losses.py",
@@ -270,7 +284,7 @@ def loss_rows(verl, gen) -> list[Row]:
         "token-mean",
         seed=123,
     )
-    cfg = actor_cfg(policy_loss={"kl_cov_ratio": 0.05, "ppo_kl_coef": 0.1})
+    cfg = _actor_cfg(verl, policy_loss={"kl_cov_ratio": 0.05, "ppo_kl_coef": 0.1})
     compare(
         "kl_cov (ratio .05)",
         "tests/test_policy_losses.py",
@@ -278,7 +292,7 @@ def loss_rows(verl, gen) -> list[Row]:
         lambda lp: core.compute_policy_loss_kl_cov(old, lp, advs, m, "token-mean", cfg),
         "token-mean",
     )
-    cfg = actor_cfg(tau_pos=1.0, tau_neg=1.05)
+    cfg = _actor_cfg(verl, tau_pos=1.0, tau_neg=1.05)
     compare(
         "sapo (seq-mean-token-mean)",
         "tests/test_policy_losses.py",
@@ -287,7 +301,11 @@ def loss_rows(verl, gen) -> list[Row]:
         "seq-mean-token-mean",
         note="verl forces seq-mean-token-mean",
     )
-    # value loss
+    return rows
+
+
+def _value_loss_rows(verl, gen, b) -> list[Row]:
+    core, m = verl.core, b.mask
     returns, values = (
         torch.randn(b.B, b.T, generator=gen, dtype=D),
         torch.randn(b.B, b.T, generator=gen, dtype=D),
@@ -295,8 +313,12 @@ def loss_rows(verl, gen) -> list[Row]:
     vpreds = values + 0.5 * torch.randn(b.B, b.T, generator=gen, dtype=D)
     ours_loss, ours_grad = _grad(lambda v: gae.value_loss(v, returns, values, m, 0.2)[0], vpreds)
     verl_loss, verl_grad = _grad(lambda v: core.compute_value_loss(v, returns, values, m, 0.2)[0], vpreds)
-    rows.append(("value loss (clip .2)", "tests/test_gae_critic.py", max(maxdiff(ours_loss, verl_loss), maxdiff(ours_grad, verl_grad)), ""))  # fmt: skip
-    # KL estimators and straight-through variants
+    return [("value loss (clip .2)", "tests/test_gae_critic.py", max(maxdiff(ours_loss, verl_loss), maxdiff(ours_grad, verl_grad)), "")]  # fmt: skip
+
+
+def _kl_rows(verl, gen, b, logp) -> list[Row]:
+    """The KL estimators, their straight-through '+' variants and the KL in the reward."""
+    core, m, rows = verl.core, b.mask, []
     ref = logp + 0.2 * torch.randn(b.B, b.T, generator=gen, dtype=D)
     for kind in ("k1", "abs", "k2", "low_var_kl"):
         ours_v, ours_g = _grad(lambda lp, k=kind: kl_terms.kl_penalty(lp, ref, k).sum(), logp)
@@ -315,9 +337,6 @@ def loss_rows(verl, gen) -> list[Row]:
     theirs = core.compute_rewards(b.token_rewards, logp, ref, 0.05)
     ours, _ = kl_terms.apply_kl_in_reward(b.token_rewards, logp, ref, m, 0.05, "k1")
     rows.append(("kl in reward (k1, per token)", "tests/test_group_estimators.py", maxdiff(ours, theirs, m), "verl's compute_rewards (apply_kl_penalty needs DataProto)"))  # fmt: skip
-    for agg in aggregation.LOSS_AGG_MODES:
-        mat = torch.randn(b.B, b.T, generator=gen, dtype=D)
-        rows.append((f"agg_loss {agg}", "tests/test_losses.py", maxdiff(aggregation.agg_loss(mat, m, agg), core.agg_loss(mat, m, agg)), ""))  # fmt: skip
     return rows
 
 
@@ -448,7 +467,6 @@ def rollout_correction_rows(verl, gen) -> list[Row]:
 
 def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
     """ppo_kl of every loss mode on extreme log-ratios; geo_mean and bypass_mode against verl."""
-    core, rows = verl.core, []
     b = random_batch(gen)
     m = b.mask
     old, _ = _log_probs(gen, b, False)
@@ -456,15 +474,16 @@ def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
     far = torch.rand(b.B, b.T, generator=gen) < 0.125
     logp_far = torch.where(far, logp + 25 * torch.sign(torch.randn(b.B, b.T, generator=gen, dtype=D)), logp)
     advs = torch.randn(b.B, b.T, generator=gen, dtype=D) * m
+    rows = _ppo_kl_metric_rows(verl, m, old, logp_far, advs)
+    rows += _geo_mean_rows(verl, gen, b, old, logp, advs)
+    rows += _bypass_mode_rows(verl, b, old, logp, logp_far, advs)
+    return rows
 
-    def actor_cfg(**kw):
-        policy_loss = kw.pop("policy_loss", {})
-        cfg = verl.ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **kw)
-        for k, v in policy_loss.items():
-            object.__setattr__(cfg.policy_loss, k, v)
-        return cfg
 
-    clip = actor_cfg(clip_ratio_low=0.2, clip_ratio_high=0.28)
+def _ppo_kl_metric_rows(verl, m, old, logp_far, advs) -> list[Row]:
+    """Each loss mode's ppo_kl metric on log ratios of +-25 against verl's."""
+    core, rows = verl.core, []
+    clip = _actor_cfg(verl, clip_ratio_low=0.2, clip_ratio_high=0.28)
     modes = (
         (
             "vanilla",
@@ -488,7 +507,7 @@ def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
             "sapo",
             lambda lp: policy_losses.sapo_loss(old, lp, advs, m, 1.0, 1.05),
             core.compute_policy_loss_sapo,
-            actor_cfg(tau_pos=1.0, tau_neg=1.05),
+            _actor_cfg(verl, tau_pos=1.0, tau_neg=1.05),
         ),  # fmt: skip
         (
             "geo_mean",
@@ -501,7 +520,13 @@ def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
         ours_kl, note = _attempt(lambda ours_fn=ours_fn: ours_fn(logp_far)[1]["ppo_kl"])
         _, theirs = verl_fn(old, logp_far, advs, m, "token-mean", cfg)
         rows.append((f"{name} ppo_kl metric (log ratio +-25 on ~1/8 tokens)", "tests/test_policy_losses.py", abs(ours_kl - theirs["actor/ppo_kl"]), note))  # fmt: skip
-    # geo_mean: loss and gradient (verl averages over sequences: seq-mean-token-mean), without and with IS
+    return rows
+
+
+def _geo_mean_rows(verl, gen, b, old, logp, advs) -> list[Row]:
+    """geo_mean loss and gradient (verl averages over sequences: seq-mean-token-mean), without and with IS."""
+    core, m, rows = verl.core, b.mask, []
+    clip = _actor_cfg(verl, clip_ratio_low=0.2, clip_ratio_high=0.28)
     weights = torch.exp(0.2 * torch.randn(b.B, b.T, generator=gen, dtype=D)).clamp(max=2.0) * m
     for w in (None, weights):
 
@@ -513,13 +538,20 @@ def loss_metric_and_mode_rows(verl, gen) -> list[Row]:
         worst, note = _attempt(geo_diff)
         label = "with IS weights (geometric mean per sequence)" if w is not None else "no IS weights"
         rows.append((f"geo_mean loss ({label})", "tests/test_policy_losses.py", worst, note or "verl's loss_agg_mode is ignored; ours with seq-mean-token-mean"))  # fmt: skip
-    # bypass mode: old = rollout log-probs; IS/RS on pi_current / pi_rollout inside the loss
+    return rows
+
+
+def _bypass_mode_rows(verl, b, old, logp, logp_far, advs) -> list[Row]:
+    """bypass mode: old = rollout log-probs; IS/RS on pi_current / pi_rollout inside the loss."""
+    core, m, rows = verl.core, b.mask, []
     rollout = old
     cases = [(lt, rs, th, lp) for lt in ("ppo_clip", "reinforce") for lp in ("ordinary", "+-25") for rs, th in ((None, None), ("token_k1", "0.6_1.8"), ("seq_mean_k3,token_k2", "0.02,0.1"))]  # fmt: skip
     for loss_type, rs, threshold, inputs in cases:
         current = logp if inputs == "ordinary" else logp_far
         corr = {"rollout_is": "sequence" if loss_type == "reinforce" else "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": False, "rollout_rs": rs, "rollout_rs_threshold": threshold, "loss_type": loss_type}  # fmt: skip
-        cfg = actor_cfg(clip_ratio_low=0.2, clip_ratio_high=0.28, policy_loss={"rollout_correction": corr})
+        cfg = _actor_cfg(
+            verl, clip_ratio_low=0.2, clip_ratio_high=0.28, policy_loss={"rollout_correction": corr}
+        )
         # verl's engine normalisers: the mini-batch's response tokens (known before the forward)
         object.__setattr__(cfg, "global_batch_info", {"dp_size": 1, "batch_num_tokens": m.sum(), "global_batch_size": b.B})  # fmt: skip
         ours_cfg = _rc_cfg(**{k: v for k, v in corr.items() if k != "loss_type"}, loss_type=loss_type, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)  # fmt: skip

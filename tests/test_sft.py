@@ -16,6 +16,7 @@ from data_prep.datasets import load_sft_rows
 from data_prep.schema import DatasetError, make_row, write_parquet
 from data_prep.sft_math import sft_rows, worked_solution
 from tests.applied_grads import applied_grads
+from tests.configs import stage_config
 from train.config import ConfigError, merge_layers, override_layers
 from train.stages.sft import SFTStage, encode_examples, make_sft_loss_fn
 
@@ -147,25 +148,10 @@ def test_micro_batched_sft_gradient_equals_plain_response_only_loss(tiny_model, 
 
 def _sft_cfg(model: Path, run_dir: Path, steps: int, *extra: str):
     stage = SFTStage()
-    cfg = merge_layers(
-        OmegaConf.structured(stage.schema),
-        override_layers(
-            [
-                f"model.path={model}", f"run_dir={run_dir}", f"total_steps={steps}", "save_every=1",
-                "keep_last=2", "data.builtin_size=24", "data.batch_size=4", "data.val_size=4",
-                "optim.lr=3e-3", "seed=5", "rollout.max_new_tokens=8", *extra,
-            ]
-        ),
+    return stage, stage_config(
+        stage, model, run_dir, f"total_steps={steps}", "save_every=1", "keep_last=2", "data.builtin_size=24",
+        "data.batch_size=4", "data.val_size=4", "optim.lr=3e-3", "seed=5", "rollout.max_new_tokens=8", *extra,
     )  # fmt: skip
-    stage.validate(cfg)
-    return stage, cfg
-
-
-@pytest.fixture()
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
 
 
 @pytest.mark.slow
