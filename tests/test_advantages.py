@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.tensors import t
 from train.algorithms import registry
 from train.algorithms.advantages import (
     compute_grpo_outcome_advantage,
@@ -16,12 +17,6 @@ from train.algorithms.advantages import (
     masked_whiten,
     scores_to_token_rewards,
 )
-
-D = torch.float64
-
-
-def t(x, dtype=D):
-    return torch.tensor(x, dtype=dtype)
 
 
 def assert_close(actual, expected, atol=1e-6):

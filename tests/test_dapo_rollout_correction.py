@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.tensors import t
 from train.algorithms.dapo import (
     check_gen_batches,
     filter_values,
@@ -26,12 +27,6 @@ from train.algorithms.rollout_correction import (
     rollout_correction,
     truncated_is_weights,
 )
-
-D = torch.float64
-
-
-def t(x):
-    return torch.tensor(x, dtype=D)
 
 
 def test_varied_groups_drops_groups_with_equal_rewards():

@@ -7,13 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.tensors import D, t
 from train.algorithms.gae import actor_trains_at, compute_gae_advantage_return, gae_entry, value_loss
-
-D = torch.float64
-
-
-def t(x):
-    return torch.tensor(x, dtype=D)
 
 
 def test_gae_lambda_one_is_monte_carlo_minus_value():

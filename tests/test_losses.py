@@ -7,18 +7,13 @@ import math
 import pytest
 import torch
 
+from tests.tensors import D, t
 from train.algorithms.actor_loss import actor_loss, policy_loss
 from train.algorithms.aggregation import LOSS_AGG_MODES, agg_loss, global_normalisers
 from train.algorithms.dpo import dpo_loss
 from train.algorithms.kl import apply_kl_in_reward, kl_penalty
 from train.algorithms.presets import DR_GRPO, PRESETS, get_preset
 from train.policy.logprobs import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
-
-D = torch.float64
-
-
-def t(x, dtype=D):
-    return torch.tensor(x, dtype=dtype)
 
 
 def assert_close(actual, expected, atol=1e-6):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.tensors import D, t
 from train.algorithms.aggregation import agg_loss
 from train.algorithms.kl import kl_penalty
 from train.algorithms.policy_losses import (
@@ -31,12 +32,6 @@ from train.algorithms.policy_losses import (
 )
 from train.algorithms.registry import Knob
 from train.algorithms.rollout_correction import ROLLOUT_CORRECTION_KNOBS
-
-D = torch.float64
-
-
-def t(x):
-    return torch.tensor(x, dtype=D)
 
 
 def test_gspo_one_ratio_per_sequence():
