@@ -61,6 +61,14 @@ def shared_dir() -> Path:
     return SHARED_DIR
 
 
+@pytest.fixture()
+def mlflow_uri(tmp_path, monkeypatch) -> str:
+    """A fresh SQLite MLflow store in the test's folder, set as MLFLOW_TRACKING_URI for the test."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer random Llama with the embedded model's tokenizer (no network needed)."""

@@ -14,13 +14,6 @@ from analysis.store import AnalysisError, group_label, load_runs
 from tests.analysis_store import darling_vs_grpo_store, log_run
 
 
-@pytest.fixture()
-def store(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def test_build_marks_best_per_column_and_formats_ci():
     table = pd.DataFrame(
         {
@@ -71,7 +64,7 @@ def test_group_label_drops_the_seed():
     assert group_label(None, "run-7") == "run-7"
 
 
-def test_leaderboard_from_store_with_mixed_metrics(store, tmp_path):
+def test_leaderboard_from_store_with_mixed_metrics(mlflow_uri, tmp_path):
     darling_vs_grpo_store()
     log_run("darling_math", "no-evals", None, {"train/accuracy": [0.1]})
     runs = load_runs("darling_math")
@@ -91,7 +84,7 @@ def test_leaderboard_from_store_with_mixed_metrics(store, tmp_path):
     assert {p.suffix for p in (tmp_path / "r").iterdir()} == {".md", ".html", ".csv", ".tex"}
 
 
-def test_empty_store_and_unknown_experiment(store, tmp_path, capsys):
+def test_empty_store_and_unknown_experiment(mlflow_uri, tmp_path, capsys):
     board = lb.leaderboard()
     assert board.rows == [] and "(no runs)" in lb.to_markdown(board)
     with pytest.raises(AnalysisError, match="unknown MLflow experiment 'nope'"):
@@ -100,7 +93,7 @@ def test_empty_store_and_unknown_experiment(store, tmp_path, capsys):
     assert "unknown MLflow experiment" in capsys.readouterr().err
 
 
-def test_report_writes_page_and_figures(store, tmp_path):
+def test_report_writes_page_and_figures(mlflow_uri, tmp_path):
     darling_vs_grpo_store()
     page = build_report("darling_math", tmp_path / "rep")
     text = page.read_text()

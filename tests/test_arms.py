@@ -19,13 +19,6 @@ T2 = 4.302652729911275  # t_{0.975, 2}
 T1 = 12.706204736174698  # t_{0.975, 1}
 
 
-@pytest.fixture()
-def store(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def test_t_interval_by_hand():
     e = A.t_interval([1.0, 2.0, 3.0])  # mean 2, sd 1
     assert (e.mean, e.n) == (2.0, 3)
@@ -105,7 +98,7 @@ def test_runs_without_declared_arms_get_one_arm_per_grid_point():
     assert c["diff"].n == 1 and c["diff"].mean == pytest.approx(-0.1)
 
 
-def test_arm_view_from_a_real_store(store, tmp_path, capsys):
+def test_arm_view_from_a_real_store(mlflow_uri, tmp_path, capsys):
     darling_vs_grpo_store()
     log_run("darling_math", "other-arm", {"reward.combine": "additive", "seed": 1}, {"train/accuracy": [0.9]})
     runs, arms = load_arm_runs("darling_math")
@@ -134,7 +127,7 @@ def test_arm_view_from_a_real_store(store, tmp_path, capsys):
     ] == pytest.approx(0.325)
 
 
-def test_report_answers_the_question(store, tmp_path):
+def test_report_answers_the_question(mlflow_uri, tmp_path):
     darling_vs_grpo_store()
     page = build_report("darling_math", tmp_path / "rep")
     text = page.read_text()
@@ -198,7 +191,7 @@ def test_select_runs_takes_the_newest_sweep_and_one_run_per_arm_and_seed():
     assert list(A.select_runs(table[table["sweep"] == ""])["run_id"]) == ["e"]  # no sweeps at all
 
 
-def test_a_second_sweep_of_the_experiment_does_not_mix_into_the_report(store, tmp_path):
+def test_a_second_sweep_of_the_experiment_does_not_mix_into_the_report(mlflow_uri, tmp_path):
     darling_vs_grpo_store()  # sweep s1
     for combine, value in (("multiplicative", 0.9), ("quality", 0.1)):  # s2: another config, seed 1 only
         point = {"reward.combine": combine, "seed": 1}

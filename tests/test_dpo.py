@@ -15,6 +15,7 @@ from data_prep.datasets import load_pairs
 from data_prep.preference import arithmetic_pairs, make_pair, read_pairs, write_pairs
 from data_prep.schema import DatasetError, extra_info_of
 from tests.applied_grads import applied_grads
+from tests.configs import stage_config
 from train.algorithms.dpo import dpo_loss
 from train.config import ConfigError, merge_layers, override_layers
 from train.stages.dpo import (
@@ -149,27 +150,12 @@ def test_two_pass_gradient_equals_autograd_through_dpo_loss(tiny_model, dist_gro
         torch.testing.assert_close(grads[name], expected[name].grad, rtol=1e-4, atol=1e-7)
 
 
-@pytest.fixture()
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def _dpo_cfg(model: Path, run_dir: Path, steps: int, *extra: str):
     stage = DPOStage()
-    cfg = merge_layers(
-        OmegaConf.structured(stage.schema),
-        override_layers(
-            [
-                f"model.path={model}", f"run_dir={run_dir}", f"total_steps={steps}", "save_every=1",
-                "data.builtin_size=16", "data.batch_size=4", "data.val_size=4", "val_every=2",
-                "optim.lr=3e-3", "beta=0.5", "seed=4", *extra,
-            ]
-        ),
+    return stage, stage_config(
+        stage, model, run_dir, f"total_steps={steps}", "save_every=1", "data.builtin_size=16",
+        "data.batch_size=4", "data.val_size=4", "val_every=2", "optim.lr=3e-3", "beta=0.5", "seed=4", *extra,
     )  # fmt: skip
-    stage.validate(cfg)
-    return stage, cfg
 
 
 @pytest.mark.slow

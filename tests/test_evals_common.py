@@ -22,13 +22,6 @@ from infra.tracking import Tracker
 from tests.judge_servers import free_port
 
 
-@pytest.fixture()
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def _client():
     import mlflow
 

@@ -13,13 +13,6 @@ from evals.watch import WatchState, build_watch_parser, discover, main
 from infra.tracking import Tracker
 
 
-@pytest.fixture()
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def _math_args(shared_dir, res):
     return ["--suites", "math", "--datasets", "gsm8k", "--limit", "2", "--max-tokens", "4",
             "--data-dir", str(shared_dir / "data" / "math"), "--results-dir", str(res)]  # fmt: skip

@@ -23,13 +23,6 @@ from tests.analysis_store import darling_math_store
 T2 = 4.302652729911275  # t_{0.975, 2}
 
 
-@pytest.fixture()
-def store(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 # ---- declarations and ranges -----------------------------------------------------------------------
 
 
@@ -69,7 +62,7 @@ def test_a_bad_headline_is_one_line_naming_the_metric(raw, message):
     assert "\n" not in str(info.value) and str(info.value).startswith("experiments/x.yaml: ")
 
 
-def test_a_bad_headline_in_the_experiment_file_stops_the_report(tmp_path, monkeypatch, store):
+def test_a_bad_headline_in_the_experiment_file_stops_the_report(tmp_path, monkeypatch, mlflow_uri):
     import train.config
 
     (tmp_path / "bad.yaml").write_text("arms:\n  A: {seed: 1}\nheadline:\n  val/accuracy: more\n")
@@ -220,7 +213,7 @@ def _text(html_page: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body)).replace("&#x27;", "'").replace("&quot;", '"')
 
 
-def test_two_seed_report_opens_with_the_headline_and_draws_no_interval(store, tmp_path):
+def test_two_seed_report_opens_with_the_headline_and_draws_no_interval(mlflow_uri, tmp_path):
     darling_math_store(seeds=(1, 2))
     out = tmp_path / "rep"
     page = build_report("darling_math", out).read_text()
@@ -260,7 +253,9 @@ def test_two_seed_report_opens_with_the_headline_and_draws_no_interval(store, tm
     assert comparison["ci_lo"].isna().all()  # no interval from 2 seeds, in the files either
 
 
-def test_three_seed_report_clips_intervals_and_the_table_and_readme_row_share_its_numbers(store, tmp_path):
+def test_three_seed_report_clips_intervals_and_the_table_and_readme_row_share_its_numbers(
+    mlflow_uri, tmp_path
+):
     darling_math_store(seeds=(1, 2, 3))
     out = tmp_path / "rep"
     text = _text(build_report("darling_math", out).read_text())
@@ -304,7 +299,7 @@ def test_three_seed_report_clips_intervals_and_the_table_and_readme_row_share_it
     assert acc["ci_hi"] == 1.0 and bool(acc["clipped"]) and acc["seeds"] == "0.92 0.96 0.86"
 
 
-def test_a_headline_metric_no_run_logs_is_named_on_the_page(store, tmp_path, monkeypatch, capsys):
+def test_a_headline_metric_no_run_logs_is_named_on_the_page(mlflow_uri, tmp_path, monkeypatch, capsys):
     import train.config
 
     (tmp_path / "darling_math.yaml").write_text(
@@ -321,7 +316,7 @@ def test_a_headline_metric_no_run_logs_is_named_on_the_page(store, tmp_path, mon
     assert "distinct correct answers per held-out prompt" in text  # the rest is still reported
 
 
-def test_a_run_that_did_not_finish_is_left_out_of_the_comparison(store, tmp_path):
+def test_a_run_that_did_not_finish_is_left_out_of_the_comparison(mlflow_uri, tmp_path):
     """A killed run's latest val/* are its step-0 values: counted, they would pose as an untrained seed."""
     from analysis.store import client
     from tests.analysis_store import log_run
