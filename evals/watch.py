@@ -35,7 +35,7 @@ from evals.common.checkpoints import (
 )
 from evals.common.cli import DEFAULT_RESULTS_DIR, build_parser, make_generator, run_suite
 from evals.common.generation import GenerationError
-from infra import checkpoint_layout as ckpt
+from infra.checkpoint import layout as ckpt
 from infra.tracking import mlflow_client, tracking_uri
 
 

@@ -83,11 +83,11 @@ def resolve_model_path(path: str) -> Path:
     p = Path(path).expanduser()
     if (p / "config.json").is_file():
         return p.resolve()
-    from infra import checkpoint_layout as ckpt
+    from infra.checkpoint import layout as ckpt
 
     if p.is_dir() and (ckpt.hf_dir(p) / "config.json").is_file():  # a training checkpoint folder
         return ckpt.hf_dir(p).resolve()
-    from infra.adapter_folder import is_adapter_folder
+    from infra.checkpoint.adapter import is_adapter_folder
 
     for folder in (p, ckpt.hf_dir(p)):
         if is_adapter_folder(folder):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from infra import checkpoint_layout as ckpt
+from infra.checkpoint import layout as ckpt
 from infra.redact import redacted_yaml
 from train.config import (
     ENGINE_SUPPLIED,

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
-from infra import checkpoint_layout as layout
+from infra.checkpoint import layout as layout
 from tests.standin_policy import StandInPolicy
 from train import checkpoint as ckpt
 

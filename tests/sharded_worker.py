@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from infra import checkpoint_layout as layout
+from infra.checkpoint import layout as layout
 from infra.process_exit import exit_now
 from train import checkpoint as ckpt
 from train.policy.distributed import init_distributed

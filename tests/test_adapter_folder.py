@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from infra.adapter_folder import (
+from infra.checkpoint.adapter import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     AdapterFolderError,

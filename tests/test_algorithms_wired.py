@@ -260,7 +260,7 @@ def test_rollout_correction_reaches_the_loss(tiny_model, dist_group, tmp_path):
 
 @pytest.mark.slow
 def test_ppo_with_critic_warmup_checkpoint_and_resume(tiny_model, dist_group, tmp_path, spy):
-    from infra import checkpoint_layout as layout
+    from infra.checkpoint import layout as layout
     from train import checkpoint as ckpt
     from train.stages.grpo import GRPOTrainer
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from evals.common.checkpoints import all_checkpoints_of_run, resolve
-from infra import checkpoint_layout as layout
+from infra.checkpoint import layout as layout
 from infra.tracking import RUN_DIR_TAG, Tracker, mlflow_client
 from train import checkpoint as ckpt
 from train.loop import TrainingLoop
@@ -221,7 +221,7 @@ def test_any_layout_plugs_into_the_manifest(tmp_path):
     (tmp / "shards").mkdir(parents=True)
     for name, data in {"shards/__0_0.distcp": b"a" * 10, "shards/.metadata": b"m", "empty": b""}.items():
         (tmp / name).write_bytes(data)
-    ckpt._commit(tmp, layout.step_dir(run, 4), {"step": 4})
+    ckpt.commit(tmp, layout.step_dir(run, 4), {"step": 4})
     step = layout.step_dir(run, 4)
     assert layout.read_meta(step)[layout.MANIFEST] == {
         "empty": 0,

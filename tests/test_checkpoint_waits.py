@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from infra import checkpoint_layout as ckpt
+from infra.checkpoint import layout as ckpt
 from tests.slow_io_worker import SLOW_S
 from tests.torchrun import run_worker
 

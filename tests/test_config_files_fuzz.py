@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from infra import checkpoint_layout as layout
+from infra.checkpoint import layout as layout
 from train.config import ConfigError, load_experiment
 
 EXPERIMENT = """\

@@ -76,7 +76,7 @@ def test_expert_iteration_rounds_train_on_kept_samples(tiny_model, dist_group, m
     import mlflow
     from transformers import AutoModelForCausalLM
 
-    from infra import checkpoint_layout as ckpt
+    from infra.checkpoint import layout as ckpt
     from train.stages.grpo import run
 
     cfg = build_config(overrides=_overrides(tiny_model, tmp_path / "a", 2, "val_every=2",
@@ -113,7 +113,7 @@ def test_expert_iteration_rounds_train_on_kept_samples(tiny_model, dist_group, m
 def test_a_round_that_keeps_nothing_makes_no_update(tiny_model, dist_group, mlflow_uri, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from infra import checkpoint_layout as ckpt
+    from infra.checkpoint import layout as ckpt
     from train.stages.grpo import run
 
     # the real math grader on a random model's gibberish: nothing is correct

@@ -289,10 +289,11 @@ def test_two_gloo_ranks_train_the_adapters_as_one_and_resume_at_one(tiny_model, 
 
 
 def test_an_adapter_folder_as_model_path_is_refused_with_the_fix(tmp_path):
+    from infra.checkpoint.adapter import write_adapter_folder
     from infra.models import ModelNotFoundError, resolve_model_path
-    from train.policy.lora import LoraSettings, write_adapter_folder
+    from train.policy.lora import LoraSettings
 
-    folder = write_adapter_folder(tmp_path / "hf", {}, LoraSettings(rank=4), tmp_path)
+    folder = write_adapter_folder(tmp_path / "hf", {}, LoraSettings(rank=4).peft_config(), tmp_path)
     with pytest.raises(ModelNotFoundError, match="LoRA adapter folder.*save_hf_merged=true"):
         resolve_model_path(str(folder))
 

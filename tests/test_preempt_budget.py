@@ -146,7 +146,7 @@ def _signal_during_a_save(tiny_model, tmp_path, grace_s: float, model: str | Non
     import subprocess
     import sys
 
-    from infra import checkpoint_layout as layout
+    from infra.checkpoint import layout as layout
     from tests.test_preemption import env_for, overrides, progress_step, run_of, start
 
     run_dir, log, env = tmp_path / "run", tmp_path / "train.log", env_for(tmp_path)
@@ -195,7 +195,7 @@ def test_sigterm_during_a_save_exits_after_it_without_another_step(tiny_model, t
     import subprocess
     import sys
 
-    from infra import checkpoint_layout as layout
+    from infra.checkpoint import layout as layout
     from tests.test_preemption import env_for, overrides
 
     run_dir = tmp_path / "run"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import checkpoint_layout as ckpt
+from infra.checkpoint import layout as ckpt
 from infra.models import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow

@@ -94,7 +94,7 @@ def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, mo
     import torch
     from safetensors.torch import load_file
 
-    from infra import checkpoint_layout as ckpt
+    from infra.checkpoint import layout as ckpt
     from orchestration.job import TrainPoint
     from train.stages.grpo import GRPOTrainer
 

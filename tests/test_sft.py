@@ -160,7 +160,7 @@ def test_sft_run_tracks_checkpoints_and_resumes_like_uninterrupted(
 ):
     import mlflow
 
-    from infra import checkpoint_layout as ckpt
+    from infra.checkpoint import layout as ckpt
 
     hf = "rollout.engine._target_=train.rollout.hf_engine.HFEngine"
     stage, cfg = _sft_cfg(tiny_model, tmp_path / "a", 3, "val_every=2", "val_accuracy=true", hf)

@@ -22,7 +22,7 @@ def saved(tiny_model, tmp_path_factory):
 
 
 def test_each_rank_writes_its_own_shard_and_no_temporary_folder_is_left(saved):
-    from infra import checkpoint_layout as layout
+    from infra.checkpoint import layout as layout
     from train import checkpoint as ckpt
 
     step = layout.latest_checkpoint(saved / "run")
@@ -57,7 +57,7 @@ def test_saved_at_two_ranks_resumes_at_one_with_the_same_weights_and_optimizer_s
 def test_hf_export_equals_the_trained_weights_and_loads_in_transformers(saved, export):
     from transformers import AutoModelForCausalLM
 
-    from infra import checkpoint_layout as layout
+    from infra.checkpoint import layout as layout
 
     expected = torch.load(saved / "expected.pt", weights_only=False)["weights"]
     if export == "checkpoint":  # the step's own hf/, in the master weights' dtype

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra import checkpoint_layout as ckpt
+from infra.checkpoint import layout as ckpt
 from infra.models import PROJECT_ROOT
 from train.config import build_config
 from train.stages.grpo import GRPOTrainer

@@ -1,74 +1,51 @@
-"""Writing and resuming checkpoints, in the layout infra/checkpoint_layout.py owns (this module asks it
-for every name and path, and for the completeness check).
+"""What a training step puts into a checkpoint and takes back out: the policy's (and critic's) DCP shards,
+the HF export (or the PEFT adapter folder under LoRA), the schedulers, every rank's RNG state and the rest
+of the trainer state. The format itself (names, manifest, commit, completeness, pruning, resuming) is
+infra/checkpoint/'s, the one owner: this module asks it for every name and path and commits through it.
 
-`hf/` is a plain HF model folder (config, safetensors, tokenizer) that vLLM, transformers and the
-eval packages read directly (under `policy.lora`: the PEFT adapter folder, adapter_config.json +
-adapter_model.safetensors naming its base model, unless `save_hf_merged=true`), streamed out one gathered parameter at a time, in `save_hf_dtype`
-(float32: the master weights; bfloat16: half the bytes). `state/` is the policy's model and optimizer
-state as `torch.distributed.checkpoint` shards: every rank writes its own slices (no rank ever holds the
-whole model or AdamW state), and a job of any world size reads them back resharded. `critic/` (PPO with
-a critic only) holds the value model's the same way. The trainer state (`TRAINER_STATE`) holds the rest
-of what resuming needs (schedulers, RNG states of every rank, step, data position, MLflow run id). Steps written before
-sharding (optimizer inside the trainer state, `LEGACY_CRITIC`) still resume.
-
-Surviving kill -9 and power loss:
-- a checkpoint is written under a temporary name (`.tmp-step_N-<id>`); its `META` file is written last and
-  carries the manifest (`files`: every file the step needs, relative path -> size); every file and folder
-  is fsynced, then the folder is renamed to `step_N` (and its parent fsynced), so readers never see half
-  of one. Any layout (a DCP shard folder too) plugs in by writing its files into the temporary folder
-  before `_commit`: the manifest lists whatever is there.
-- completeness (`damage` / `is_complete`) and the newest complete step are infra/checkpoint_layout.py's: a
-  file cut short (a full disk, a node lost mid-write) makes its step damaged; `resume_point` skips it.
-- a save that fails (a full disk, a quota, a lost mount) removes its temporary folder and raises
-  `CheckpointError` with one line saying what ran out; the run's older steps are untouched.
-- a step folder is removed (replaced by a re-run of its step, or pruned by `keep_last`) by renaming it to
-  `.trash-step_N-<id>` first, then deleting that (pruned steps in a background thread): a kill inside the
-  deletion leaves no gutted step.
 - the ranks wait for each other during a save in a gloo group with an I/O-sized timeout
   (`train.policy.distributed.io_group`), never in an NCCL collective whose watchdog ends the job after 10
   minutes; every rank writes its own DCP shards and its share of the HF export.
-- stale temporary and trash folders are deleted at the start of the next save (and of a training run).
-- `checkpoints/latest` names the newest one written (for people and other tools; readers scan the steps).
+- a save that fails (a full disk, a quota, a lost mount) removes its temporary folder and raises
+  `CheckpointError` with one line saying what ran out; the run's older steps are untouched.
 """
 
 from __future__ import annotations
 
 import errno
-import json
-import os
 import random
 import shutil
 import time
 import uuid
 from pathlib import Path
 
-from infra.checkpoint_layout import (
-    CHECKSUMS,
+from infra.checkpoint.commit import (  # noqa: F401  (the writer's and the loop's names, one import away)
+    CheckpointError,
+    atomic_write,
+    clean_stale,
+    commit,
+    load_trainer_state,
+    prune,
+    remove_checkpoint,
+    resume_point,
+    wait_for_pruning,
+)
+from infra.checkpoint.layout import (  # noqa: F401
     CRITIC,
     LATEST,
     LEGACY_CRITIC,
-    MANIFEST,
-    META,
     STATE,
     TMP,
     TRAINER_STATE,
-    TRASH,
     checkpoints_root,
-    damage,
-    ends_checksum,
     hf_dir,
     latest_checkpoint,
     list_checkpoints,
-    manifest,
-    step_folders,
+    read_meta,
+    step_dir,
     step_name,
-    step_of,
 )
 from train.preempted import exceptions_in, preempted_in
-
-
-class CheckpointError(RuntimeError):
-    pass
 
 
 def rng_state() -> dict:
@@ -85,114 +62,6 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """fsync every file, then every folder bottom-up (its entries), `folder` itself last. On a local file
-    system this also flushes files other processes (other ranks) wrote."""
-    for dirpath, _, filenames in os.walk(folder, topdown=False):
-        for name in filenames:
-            _fsync(Path(dirpath) / name)
-        _fsync(Path(dirpath))
-
-
-def _atomic_write(path: Path, text: str, fsync: bool = True) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_text(text)
-    if fsync:
-        _fsync(tmp)
-    os.replace(tmp, path)
-    if fsync:
-        _fsync(path.parent)
-
-
-def _is_stale(name: str) -> bool:
-    return name.startswith((TMP, TRASH, f".{LATEST}."))
-
-
-def clean_stale(run_dir: str | Path) -> list[str]:
-    """Delete what killed saves and deletions left (temporary and trash folders, a half-written
-    `latest`); only the run's one writer calls it. Returns the names deleted."""
-    root = checkpoints_root(run_dir)
-    if not root.is_dir():
-        return []
-    wait_for_pruning()
-    gone = []
-    for p in root.iterdir():
-        if _is_stale(p.name):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-            gone.append(p.name)
-    return sorted(gone)
-
-
-def _to_trash(checkpoint: Path) -> Path:
-    """Rename a step folder out of the readers' sight (one atomic step); delete the result after."""
-    trash = checkpoint.with_name(f"{TRASH}{checkpoint.name}-{uuid.uuid4().hex[:8]}")
-    os.replace(checkpoint, trash)
-    return trash
-
-
-def remove_checkpoint(checkpoint: str | Path) -> None:
-    """Delete a step folder so that a kill at any point leaves no gutted step: rename, then delete."""
-    shutil.rmtree(_to_trash(Path(checkpoint)), ignore_errors=True)
-
-
-_pruning: list = []  # the background deletion of pruned steps, at most one at a time
-
-
-def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
-    """Keep the newest `keep_last` complete steps: the older ones are renamed to the trash now (atomic, instant:
-    readers stop seeing them), their files deleted by a background thread (torchtitan's checkpoint manager
-    purges the same way), so that a slow file system never keeps rank 0 from the next collective while the
-    other ranks wait in it. A kill during the deletion leaves only trash, which the next save (or run)
-    deletes. Returns the trash folders."""
-    wait_for_pruning()
-    trash = [_to_trash(old) for _, old in list_checkpoints(run_dir)[:-keep_last]]
-    if trash:
-        import threading
-
-        def delete() -> None:
-            for t in trash:
-                shutil.rmtree(t, ignore_errors=True)
-
-        thread = threading.Thread(target=delete, name="checkpoint-prune")  # not a daemon: exit waits for it
-        thread.start()
-        _pruning.append(thread)
-    return trash
-
-
-def wait_for_pruning() -> None:
-    """Block until the background deletion of pruned steps (if any) is done."""
-    while _pruning:
-        _pruning.pop().join()
-
-
-def _commit(tmp: Path, final: Path, meta: dict, fsync: bool = True) -> None:
-    """Make the temporary folder `tmp` (every file of the step written) the complete step `final`:
-    the META file with the manifest last, everything fsynced, an older copy of the step moved to the
-    trash, the rename, its parent fsynced, then the older copy deleted."""
-    files = manifest(tmp)
-    meta = {**meta, MANIFEST: files, CHECKSUMS: {rel: ends_checksum(tmp / rel) for rel in files}}
-    (tmp / META).write_text(json.dumps(meta, indent=1))
-    if fsync:
-        _fsync_tree(tmp)
-    old = _to_trash(final) if final.exists() else None  # a re-run of the same step after a resume
-    os.replace(tmp, final)
-    if fsync:
-        _fsync(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(run_dir: str | Path, step: int, *args, **kwargs) -> Path | None:
@@ -317,8 +186,8 @@ def _write_checkpoint(
         meta = {"step": step, "time": time.time(), "world_size": len(rngs), "hf_dtype": hf_dtype,
                 "save_s": round(time.monotonic() - started, 3)}  # fmt: skip
         meta.update({k: v for k, v in trainer_state.items() if isinstance(v, (int, float, str))})
-        _commit(tmp, final, meta, fsync=fsync)
-        _atomic_write(root / LATEST, final.name, fsync=fsync)
+        commit(tmp, final, meta, fsync=fsync)
+        atomic_write(root / LATEST, final.name, fsync=fsync)
         if keep_last is not None and keep_last >= 1:  # never the one just written (keep_last <= 0)
             prune(run_dir, keep_last)
     return final if rank == 0 else None
@@ -357,39 +226,3 @@ def restore_critic(checkpoint: str | Path, critic, trainer_state: dict, rank: in
     saved = torch.load(p / LEGACY_CRITIC, map_location="cpu", weights_only=False)
     critic.load_model_state(saved["model"] if rank == 0 else {})
     critic.load_optimizer_state(saved["optimizer"] if rank == 0 else {}, saved["scheduler"])
-
-
-def resume_point(run_dir: str | Path, warn=print) -> tuple[Path, dict] | None:
-    """(checkpoint, trainer state) to resume a run from: the latest complete step whose trainer state
-    loads, else the next older one (each skipped one, damaged or unloadable, named through `warn`); None
-    when the run has no checkpoint. Raises CheckpointError when it has some but none is whole and loads."""
-    latest = latest_checkpoint(run_dir, warn=warn)
-    if latest is None:
-        damaged = [f"{p.name} ({damage(p)})" for _, p in step_folders(checkpoints_root(run_dir))]
-        if damaged:  # not a fresh run: starting over from step 0 would silently throw its work away
-            raise CheckpointError(f"no checkpoint of {run_dir} can be resumed from: {'; '.join(damaged)}")
-        return None
-    newest = step_of(latest)
-    older = [p for s, p in reversed(list_checkpoints(run_dir)) if s < newest]
-    errors = []
-    for candidate in [latest, *older]:
-        try:
-            return candidate, load_trainer_state(candidate)
-        except CheckpointError as exc:
-            errors.append(str(exc))
-            warn(f"cannot resume from {candidate} ({exc}); trying an older checkpoint")
-    raise CheckpointError(f"no checkpoint of {run_dir} can be resumed from: {'; '.join(errors)}")
-
-
-def load_trainer_state(ckpt: str | Path) -> dict:
-    path = Path(ckpt) / TRAINER_STATE
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {ckpt} has no {TRAINER_STATE}: it cannot be resumed from")
-    import torch
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or corrupt file
-        raise CheckpointError(
-            f"checkpoint {path} is unreadable ({exc}); delete it to resume from an older one"
-        ) from exc

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from infra import checkpoint_layout as layout
+from infra.checkpoint import layout as layout
 from infra.redact import redacted_yaml
 from infra.tracking import RUN_DIR_TAG, RUN_ID_FILE, Tracker, flatten, recorded_run_id
 from train import checkpoint as ckpt

@@ -1,6 +1,6 @@
 """`--ckpt` resolution: a folder, an MLflow run id, a sweep name or `latest` -> checkpoints to evaluate.
 
-- a checkpoint folder (`.../checkpoints/step_000010`, the infra/checkpoint_layout.py format, evaluated
+- a checkpoint folder (`.../checkpoints/step_000010`, the infra/checkpoint/layout.py format, evaluated
   through its `hf/`), a run folder (its latest checkpoint, or `--step N`), or any HF model folder;
 - an MLflow run id: its latest checkpoint (tag `rlpost.checkpoint_latest`) or `--step N`
   (tag `rlpost.checkpoint.<N>`); a sweep's parent run id means all its child runs;
@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import checkpoint_layout as ckpt
+from infra.checkpoint import layout as ckpt
 from infra.tracking import (
     CHECKPOINT_TAG,
     LATEST_CHECKPOINT_TAG,
@@ -57,7 +57,7 @@ def _is_hf_folder(path: Path) -> bool:
 
 
 def step_folder_ref(folder: Path, run_id: str | None = None) -> CheckpointRef:
-    """A `step_NNNNNN` folder in the layout of infra/checkpoint_layout.py."""
+    """A `step_NNNNNN` folder in the layout of infra/checkpoint/layout.py."""
     why = ckpt.damage(folder)
     if why is not None:
         raise CheckpointNotFound(f"checkpoint {folder} is damaged or incomplete ({why}); pick another step")

@@ -108,7 +108,7 @@ class VLLMGenerator:
         model_dir = Path(model_dir)
         if self.model_dir == model_dir:
             return
-        from infra.adapter_folder import is_adapter_folder
+        from infra.checkpoint.adapter import is_adapter_folder
 
         source = model_dir
         if is_adapter_folder(model_dir):  # a policy.lora checkpoint: its adapter merged onto its base
@@ -155,7 +155,7 @@ class VLLMGenerator:
 
         from transformers import AutoTokenizer
 
-        from infra.adapter_folder import merged_model_from_adapter
+        from infra.checkpoint.adapter import merged_model_from_adapter
 
         try:
             model = merged_model_from_adapter(adapter_dir)

@@ -1,4 +1,4 @@
-"""Reading a LoRA adapter folder (PEFT format): the checkpoint convention training writes under `policy.lora`
+"""Writing and reading a LoRA adapter folder (PEFT format): the checkpoint convention training writes under `policy.lora`
 and the evals, model resolution and later stages read.
 
 A folder is an adapter when it holds `adapter_config.json` (+ `adapter_model.safetensors`), which names
@@ -87,6 +87,21 @@ def check_weights(folder: str | Path) -> None:
         raise AdapterFolderError(
             f"{folder}: {ADAPTER_WEIGHTS} is cut short ({size:,} bytes, its header needs {needed:,}); copy it again"
         )
+
+
+def write_adapter_folder(folder: str | Path, tensors: dict, peft_config, base_model: str | Path) -> Path:
+    """An adapter folder PEFT and vLLM read: adapter_config.json (`peft_config`, naming `base_model`) +
+    adapter_model.safetensors (`tensors`: PEFT's keys -> CPU tensors)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    peft_config.base_model_name_or_path = str(Path(base_model).resolve())
+    peft_config.save_pretrained(str(folder))
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"}
+    )
+    return folder
 
 
 def merged_model_from_adapter(folder: str | Path, dtype=None):

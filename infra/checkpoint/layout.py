@@ -1,10 +1,9 @@
 """The checkpoint layout: `<run_dir>/checkpoints/step_000010/{hf/, state/, trainer_state.pt, meta.json}`.
 
-This module is the one owner of that layout: every other module (training's writer in train/checkpoint.py,
-loops, pipeline, model resolution, evals, watchers) asks it for a step's folder, its HF folder,
-completeness, the latest or the list, and never spells `hf`, `meta.json` or the step folder's name itself.
-It sits in infra/ (below train) because the evals and watchers read checkpoints as much as training
-writes them; it imports neither torch nor train.
+This module names that layout and reads it (infra/checkpoint/commit.py writes it): every other module
+(training's writer in train/checkpoint.py, loops, pipeline, model resolution, evals, watchers) asks it for
+a step's folder, its HF folder, completeness, the latest or the list, and never spells `hf`, `meta.json`
+or the step folder's name itself. It imports neither torch nor train.
 
 `hf/` is a plain HF model folder (config, safetensors, tokenizer) that vLLM, transformers and the eval
 packages read directly. `state/` holds the policy's `torch.distributed.checkpoint` shards, `critic/` (PPO

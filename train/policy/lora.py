@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
-
-from infra.adapter_folder import ADAPTER_WEIGHTS
 
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the HF model
 BASE_LAYER = ".base_layer"  # a LoRA-wrapped module keeps the original under this name
@@ -140,20 +137,3 @@ def merge_into(
 ) -> torch.Tensor:
     """W + scaling * B A in fp32 (the merged weight vLLM or an HF export receives)."""
     return base.float() + scaling * (lora_b.float() @ lora_a.float())
-
-
-def write_adapter_folder(
-    folder: str | Path, tensors: dict[str, torch.Tensor], lora: LoraSettings, base_model: str | Path
-) -> Path:
-    """An adapter folder PEFT and vLLM read: adapter_config.json + adapter_model.safetensors."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    config = lora.peft_config()
-    config.base_model_name_or_path = str(Path(base_model).resolve())
-    config.save_pretrained(str(folder))
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()}, folder / ADAPTER_WEIGHTS, metadata={"format": "pt"}
-    )
-    return folder

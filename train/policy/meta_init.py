@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from infra.checkpoint.adapter import is_adapter_folder
+
 # safetensors dtype names (the format's header, github.com/huggingface/safetensors) -> torch
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -80,7 +82,7 @@ def _header(path: Path) -> dict[str, StoredTensor]:
 def weight_files(folder: str | Path) -> dict[str, StoredTensor]:
     """Every tensor of an HF folder's safetensors (one file or an index), read from the headers only."""
     folder = Path(folder)
-    if (folder / "adapter_config.json").is_file():
+    if is_adapter_folder(folder):
         raise WeightsError(
             f"model.path={folder} is a LoRA adapter folder, not a model: train from its base model "
             "(adapter_config.json's base_model_name_or_path), or export merged weights with save_hf_merged=true"

@@ -17,7 +17,7 @@ writes its share in files of at most `shard_mb` at the same time, rank 0 names t
 whole model is never resident on one rank, and no rank waits for the whole model's write. Tied output
 embeddings are written once, as HF expects.
 
-These write into the folder they are given; infra/checkpoint_layout.py owns the step layout and
+These write into the folder they are given; infra/checkpoint/layout.py owns the step layout and
 train/checkpoint.py makes a step appear whole (temporary name, manifest, fsync, rename).
 """
 
@@ -34,8 +34,9 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from infra.checkpoint.adapter import write_adapter_folder
 from train.policy.distributed import all_gather_objects, barrier, io_group
-from train.policy.lora import hf_name, is_adapter, write_adapter_folder
+from train.policy.lora import hf_name, is_adapter
 
 MODEL_KEY, OPTIM_KEY = "model", "optim"
 
@@ -160,7 +161,7 @@ def export_adapter(policy, dest: str | Path, tokenizer=None, extra_files: tuple[
     folder = Path(dest)
     tensors = {k: v.detach().to("cpu", torch.float32) for k, v in policy.adapter_weights()}
     if _rank() == 0:
-        write_adapter_folder(folder, tensors, policy.lora, policy.model_path)
+        write_adapter_folder(folder, tensors, policy.lora.peft_config(), policy.model_path)
         for f in folder.iterdir():
             _fsync_file(f)
         if tokenizer is not None:

@@ -72,10 +72,10 @@ class AdapterFolders:
         self.version = 0
 
     def write(self, tensors: dict[str, torch.Tensor], lora, base_model) -> tuple[int, Path]:
-        from train.policy.lora import write_adapter_folder
+        from infra.checkpoint.adapter import write_adapter_folder
 
         self.version += 1
-        folder = write_adapter_folder(self.root / f"v{self.version}", tensors, lora, base_model)
+        folder = write_adapter_folder(self.root / f"v{self.version}", tensors, lora.peft_config(), base_model)
         return self.version, folder
 
     def drop(self, version: int) -> None:
