@@ -183,59 +183,8 @@ class Workload:
 
 def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
     """Bytes per GPU of each component (see the module docstring), in GiB."""
-    P, W, b = arch.params(), w.world_size, w.compute_bytes
-    # under LoRA the trained parameters are the adapters' A; the base (P) is frozen at the compute dtype, sharded,
-    # with no gradient and no AdamW state, and it is the KL reference too (adapters disabled: no second copy)
-    A = arch.lora_params(w.lora_rank, w.lora_targets) if w.lora_rank else 0
-    trained = A if w.lora_rank else P
-    offload = 0.0 if w.cpu_offload else 1.0
-    out = {
-        "base_frozen": offload * b * P / W if w.lora_rank else 0.0,
-        "params_fp32": offload * 4.0 * trained / W,
-        "grads_fp32": offload * 4.0 * trained / W,
-        "adamw_fp32": offload * 8.0 * trained / W,
-        "unsharded_layers": 2.0 * (arch.layer_params() + A / max(arch.layers, 1)) * b,
-        # the root FSDP group (token embedding, LM head when untied, final norm): all-gathered at the compute
-        # dtype through the forward and backward, and its unsharded gradient before the fp32 reduce-scatter
-        # (frozen under LoRA: no gradient)
-        "unsharded_root": (P - arch.layers * arch.layer_params()) * b,
-        "root_gradient": 0.0 if w.lora_rank else (P - arch.layers * arch.layer_params()) * 4.0,
-    }
+    out = _state_bytes(arch, w) | _micro_batch_bytes(arch, w) | _engine_bytes(arch, w, gpu_gib)
     state = out["base_frozen"] + out["params_fp32"] + out["grads_fp32"] + out["adamw_fp32"]
-    # bytes each step's weight sync hands the engine: the fp32 adapter, or every weight in bf16
-    out["weight_sync"] = 4.0 * A if w.lora_rank else 2.0 * P
-    h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
-    per_token_layer = (4 * h + 4 * q + 4 * kv + 4 * i) * b
-    T = w.micro_batch_tokens
-    out["activations_no_ckpt"] = T * arch.layers * per_token_layer
-    out["activations_ckpt"] = T * arch.layers * h * b + T * per_token_layer
-    out["logits"] = 2.0 * T * arch.vocab * b
-    # the log-prob kernel's fp32 maths, a chunk of positions at a time: one fp32 chunk in the forward, one in the
-    # backward (-softmax x g is formed in place on it; train/policy/packed_logprobs.py)
-    out["logprob_temporaries"] = 1.0 * min(T, logprob_chunk_rows(arch.vocab)) * arch.vocab * 4
-    out["attention_mask"] = float(T * T) if w.dense_attention else 0.0  # bool (1, 1, T, T)
-    # the frozen reference policy (KL): fp32 weights, sharded, no gradients or optimizer
-    out["ref_params_fp32"] = 4.0 * P / W if (w.ref_pass and not w.cpu_offload and not w.lora_rank) else 0.0
-    # a no-grad forward (old / reference log-probs): one layer's activations live at a time, the hidden
-    # states between layers, and the micro-batch's logits (log-probs computed on the packed tokens)
-    out["logprob_pass"] = (
-        T * per_token_layer
-        + 2.0 * T * h * b
-        + T * arch.vocab * b
-        + out["logprob_temporaries"]
-        + out["attention_mask"]
-    )
-    out["vllm_weights"] = 2.0 * P / w.tensor_parallel_size
-    if w.engine == "hf_generate":  # its own model copy, and the batch's KV cache while it generates
-        per_rank = w.samples_per_step // w.world_size
-        kv = per_rank * (w.prompt_tokens + w.response_tokens) * kv_bytes_per_token(arch, 1)
-        out["vllm_rollout"] = out["vllm_weights"] + kv
-        out["vllm_kv_cache"] = kv
-        out["vllm_asleep"] = out["vllm_weights"]
-    else:
-        out["vllm_rollout"] = w.gpu_memory_utilization * gpu_gib * GIB
-        out["vllm_kv_cache"] = max(0.0, out["vllm_rollout"] - out["vllm_weights"] - 1.0 * GIB)
-        out["vllm_asleep"] = VLLM_ASLEEP_GIB * GIB if w.sleep_level else out["vllm_rollout"]
     activations = out["activations_ckpt"] if w.gradient_checkpointing else out["activations_no_ckpt"]
     # the engine sleeps from the end of generation (before any log-prob pass) until the next rollout;
     # micro-batches go to the device one at a time, so only one micro-batch's tensors are live
@@ -258,6 +207,80 @@ def memory(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
         state - out["grads_fp32"] + out["ref_params_fp32"] + out["vllm_rollout"] + CONTEXT_GIB * GIB
     )
     return {k: v / GIB for k, v in out.items()}
+
+
+def _state_bytes(arch: Arch, w: Workload) -> dict[str, float]:
+    """The weights, gradients and AdamW state each GPU holds, the unsharded layers, and the weight sync."""
+    P, W, b = arch.params(), w.world_size, w.compute_bytes
+    # under LoRA the trained parameters are the adapters' A; the base (P) is frozen at the compute dtype, sharded,
+    # with no gradient and no AdamW state, and it is the KL reference too (adapters disabled: no second copy)
+    A = arch.lora_params(w.lora_rank, w.lora_targets) if w.lora_rank else 0
+    trained = A if w.lora_rank else P
+    offload = 0.0 if w.cpu_offload else 1.0
+    return {
+        "base_frozen": offload * b * P / W if w.lora_rank else 0.0,
+        "params_fp32": offload * 4.0 * trained / W,
+        "grads_fp32": offload * 4.0 * trained / W,
+        "adamw_fp32": offload * 8.0 * trained / W,
+        "unsharded_layers": 2.0 * (arch.layer_params() + A / max(arch.layers, 1)) * b,
+        # the root FSDP group (token embedding, LM head when untied, final norm): all-gathered at the compute
+        # dtype through the forward and backward, and its unsharded gradient before the fp32 reduce-scatter
+        # (frozen under LoRA: no gradient)
+        "unsharded_root": (P - arch.layers * arch.layer_params()) * b,
+        "root_gradient": 0.0 if w.lora_rank else (P - arch.layers * arch.layer_params()) * 4.0,
+        # bytes each step's weight sync hands the engine: the fp32 adapter, or every weight in bf16
+        "weight_sync": 4.0 * A if w.lora_rank else 2.0 * P,
+    }
+
+
+def _micro_batch_bytes(arch: Arch, w: Workload) -> dict[str, float]:
+    """What one micro-batch's forward and backward allocate, the reference policy, and a no-grad log-prob pass."""
+    P, W, b = arch.params(), w.world_size, w.compute_bytes
+    h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
+    per_token_layer = (4 * h + 4 * q + 4 * kv + 4 * i) * b
+    T = w.micro_batch_tokens
+    out = {
+        "activations_no_ckpt": T * arch.layers * per_token_layer,
+        "activations_ckpt": T * arch.layers * h * b + T * per_token_layer,
+        "logits": 2.0 * T * arch.vocab * b,
+        # the log-prob kernel's fp32 maths, a chunk of positions at a time: one fp32 chunk in the forward, one in
+        # the backward (-softmax x g is formed in place on it; train/policy/packed_logprobs.py)
+        "logprob_temporaries": 1.0 * min(T, logprob_chunk_rows(arch.vocab)) * arch.vocab * 4,
+        "attention_mask": float(T * T) if w.dense_attention else 0.0,  # bool (1, 1, T, T)
+        # the frozen reference policy (KL): fp32 weights, sharded, no gradients or optimizer
+        "ref_params_fp32": 4.0 * P / W if (w.ref_pass and not w.cpu_offload and not w.lora_rank) else 0.0,
+    }
+    # a no-grad forward (old / reference log-probs): one layer's activations live at a time, the hidden
+    # states between layers, and the micro-batch's logits (log-probs computed on the packed tokens)
+    out["logprob_pass"] = (
+        T * per_token_layer
+        + 2.0 * T * h * b
+        + T * arch.vocab * b
+        + out["logprob_temporaries"]
+        + out["attention_mask"]
+    )
+    return out
+
+
+def _engine_bytes(arch: Arch, w: Workload, gpu_gib: float) -> dict[str, float]:
+    """The rollout engine's weights and KV cache while it generates, and what it keeps while it sleeps."""
+    weights = 2.0 * arch.params() / w.tensor_parallel_size
+    if w.engine == "hf_generate":  # its own model copy, and the batch's KV cache while it generates
+        per_rank = w.samples_per_step // w.world_size
+        kv = per_rank * (w.prompt_tokens + w.response_tokens) * kv_bytes_per_token(arch, 1)
+        return {
+            "vllm_weights": weights,
+            "vllm_rollout": weights + kv,
+            "vllm_kv_cache": kv,
+            "vllm_asleep": weights,
+        }
+    rollout = w.gpu_memory_utilization * gpu_gib * GIB
+    return {
+        "vllm_weights": weights,
+        "vllm_rollout": rollout,
+        "vllm_kv_cache": max(0.0, rollout - weights - 1.0 * GIB),
+        "vllm_asleep": VLLM_ASLEEP_GIB * GIB if w.sleep_level else rollout,
+    }
 
 
 LOGPROB_CHUNK_ELEMENTS = (
@@ -513,22 +536,25 @@ def report(
     arch, where = arch_of(cfg.model.path)
     w = workload_from_config(cfg, prompt_tokens)
     mem = memory(arch, w, spec["memory_gib"])
-    flops = step_flops(arch, w)
-    peak = (spec["bf16_tflops"] if w.compute_bytes == 2 else spec["fp32_tflops"]) * 1e12
-    t_update = flops["update"] / (w.world_size * peak * mfu)
     gen = generation_time(arch, w, mem, spec, decode_bw, mfu)
-    t_gen = gen["total_s"]
-    sync = sync_seconds(w, mem["weight_sync"] * GIB, spec)
-    kv_tokens = gen["kv_tokens"]
-    act = (
-        "activations with checkpointing" if w.gradient_checkpointing else "activations without checkpointing"
-    )
-    engine_label = (
-        f"vLLM at gpu_memory_utilization={w.gpu_memory_utilization:.2f}"
-        if w.engine == "vllm"
-        else "HF engine"
-    )
     lines = [
+        *_header_lines(cfg, gpu, spec, arch, where, w),
+        "",
+        *_memory_rows(arch, w, mem, gen["kv_tokens"]),
+        "",
+        *_time_lines(cfg, spec, arch, w, mem, gen, mfu, decode_bw),
+    ]
+    bad = problems(arch, w, mem, spec["memory_gib"])
+    blocked = startup_problems(cfg, gpus_per_node)
+    lines.append("")
+    lines += [f"DOES NOT FIT: {p}" for p in bad] if bad else ["fits"]
+    lines += [f"CANNOT START: {p}" for p in blocked]
+    return "\n".join(lines), not bad and not blocked
+
+
+def _header_lines(cfg, gpu: str, spec: dict, arch: Arch, where: str, w: Workload) -> list[str]:
+    """The run, the model and the step planned."""
+    return [
         f"plan: {cfg.experiment} on {w.world_size} x {gpu} ({spec['memory_gib']:.1f} GiB, "
         f"{spec['bf16_tflops']:.0f} TFLOP/s bf16 dense each)",
         f"model: {where}: {arch.params() / 1e9:.3f} B parameters ({arch.non_embedding_params() / 1e9:.3f} B "
@@ -536,7 +562,12 @@ def report(
         f"step: {w.samples_per_step} samples ({w.samples_per_step // w.n} prompts x {w.n}), planned at "
         f"{w.prompt_tokens} prompt + {w.response_tokens} response tokens; {w.updates_per_step} update(s); "
         f"{'bf16' if w.compute_bytes == 2 else 'fp32'} compute; micro-batch {w.micro_batch_tokens} tokens",
-        "",
+    ]
+
+
+def _memory_rows(arch: Arch, w: Workload, mem: dict[str, float], kv_tokens: float) -> list[str]:
+    """Memory per GPU, one row a component, then the engine's rows and the peaks."""
+    return [
         "memory per GPU (GiB): allocated (live tensors, what torch.cuda.max_memory_allocated reports); the "
         "allocator reserves more (fixed segments: reserved / planned 1.09-1.20 measured at 6 layers, README), "
         "less with the expandable segments the policy trains in (train/policy/segments.py)",
@@ -581,6 +612,22 @@ def report(
             "LoRA: the base, adapters off" if w.lora_rank else ("" if w.ref_pass else "no KL: none"),
         ),
         row("old/ref log-prob pass (one micro-batch)", mem["logprob_pass"]),
+        *_engine_rows(w, mem, kv_tokens),
+    ]
+
+
+def _engine_rows(w: Workload, mem: dict[str, float], kv_tokens: float) -> list[str]:
+    """The engine while it generates and while the policy updates, then the peaks of the rollout, log-prob
+    passes and update."""
+    act = (
+        "activations with checkpointing" if w.gradient_checkpointing else "activations without checkpointing"
+    )
+    engine_label = (
+        f"vLLM at gpu_memory_utilization={w.gpu_memory_utilization:.2f}"
+        if w.engine == "vllm"
+        else "HF engine"
+    )
+    return [
         row(
             engine_label,
             mem["vllm_rollout"],
@@ -598,7 +645,20 @@ def report(
         row("peak in the rollout", mem["peak_rollout"]),
         row("peak in the log-prob passes (engine asleep)", mem["peak_logprobs"]),
         row("peak in the update", mem["peak_update"], act),
-        "",
+    ]
+
+
+def _time_lines(
+    cfg, spec: dict, arch: Arch, w: Workload, mem: dict[str, float], gen: dict, mfu: float, decode_bw: float
+) -> list[str]:
+    """FLOPs, generation and update time per step, the weight sync, and the work at risk between saves."""
+    flops = step_flops(arch, w)
+    peak = (spec["bf16_tflops"] if w.compute_bytes == 2 else spec["fp32_tflops"]) * 1e12
+    t_update = flops["update"] / (w.world_size * peak * mfu)
+    t_gen = gen["total_s"]
+    sync = sync_seconds(w, mem["weight_sync"] * GIB, spec)
+    kv_tokens = gen["kv_tokens"]
+    return [
         f"FLOPs per step: generation {flops['generation'] / 1e12:,.1f} TFLOP, update {flops['update'] / 1e12:,.1f} "
         f"TFLOP (of which checkpointing's recompute {flops['recompute'] / 1e12:,.1f}, old/ref log-prob passes "
         f"{flops['logprob_passes'] / 1e12:,.1f})",
@@ -616,12 +676,6 @@ def report(
         + f", engine copy {sync['engine_s']:.2g} s; not in the step time above)",
         at_risk_line(cfg.get("save_every", 0), t_update + t_gen, cfg.total_steps),
     ]
-    bad = problems(arch, w, mem, spec["memory_gib"])
-    blocked = startup_problems(cfg, gpus_per_node)
-    lines.append("")
-    lines += [f"DOES NOT FIT: {p}" for p in bad] if bad else ["fits"]
-    lines += [f"CANNOT START: {p}" for p in blocked]
-    return "\n".join(lines), not bad and not blocked
 
 
 def sync_seconds(w: Workload, sync_bytes: float, spec: dict) -> dict[str, float]:
