@@ -264,6 +264,39 @@ def run_ours(args, lora_rank: int = 0) -> dict:
     return _worker_result(steps, torch.get_num_threads())
 
 
+def _trl_config_kwargs(args, out_dir: str) -> dict:
+    """TRL's GRPOConfig for the same step as ours: one generation per step, no KL, a constant LR, CPU."""
+    batch = args.prompts * args.samples
+    return {
+        "output_dir": out_dir,
+        "use_cpu": True,
+        "bf16": args.precision == "bf16",
+        "gradient_checkpointing": False,
+        "per_device_train_batch_size": batch,
+        "gradient_accumulation_steps": 1,
+        "num_generations": args.samples,
+        "max_completion_length": args.new_tokens,
+        "generation_batch_size": batch,  # => steps_per_generation=1 (TRL refuses both set)
+        "generation_kwargs": {"min_new_tokens": args.new_tokens},
+        "num_iterations": 1,
+        "beta": 0.0,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "learning_rate": 1e-6,
+        "weight_decay": 0.01,
+        "max_grad_norm": 1.0,
+        "lr_scheduler_type": "constant",
+        "max_steps": args.steps,
+        "shuffle_dataset": False,  # the rows are already in our trainer's order
+        "seed": args.seed,
+        "report_to": [],
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
 def run_trl(args) -> dict:
     import torch
     from datasets import Dataset
@@ -320,36 +353,8 @@ def run_trl(args) -> dict:
             steps.append(s)
             print(f"[bench] trl step {state.global_step}: {s['step_s']:.2f}s", flush=True)
 
-    batch = args.prompts * args.samples
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as out_dir:
-        config = GRPOConfig(
-            output_dir=out_dir,
-            use_cpu=True,
-            bf16=args.precision == "bf16",
-            gradient_checkpointing=False,
-            per_device_train_batch_size=batch,
-            gradient_accumulation_steps=1,
-            num_generations=args.samples,
-            max_completion_length=args.new_tokens,
-            generation_batch_size=batch,  # => steps_per_generation=1 (TRL refuses both set)
-            generation_kwargs={"min_new_tokens": args.new_tokens},
-            num_iterations=1,
-            beta=0.0,
-            temperature=1.0,
-            top_p=1.0,
-            learning_rate=1e-6,
-            weight_decay=0.01,
-            max_grad_norm=1.0,
-            lr_scheduler_type="constant",
-            max_steps=args.steps,
-            shuffle_dataset=False,  # the rows are already in our trainer's order
-            seed=args.seed,
-            report_to=[],
-            logging_steps=1,
-            save_strategy="no",
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-        )
+        config = GRPOConfig(**_trl_config_kwargs(args, out_dir))
         trainer = TimedGRPOTrainer(
             model=args.model,
             reward_funcs=math_reward,
@@ -508,6 +513,26 @@ def main(argv: list[str] | None = None) -> None:
     args.model, tmp_model = bench_model(args.model)
 
     print(f"[bench] {_other_load()}; {os.cpu_count()} CPUs, {args.threads} threads per side", flush=True)
+    rates, fp32_rate, bf16_rate, accelerated = _machine_rates(args)
+    dims = model_dims(args.model)
+    tables = []
+    for precision, alloc in [(p, a) for p in args.precisions for a in args.allocator_list]:
+        rate = bf16_rate if precision == "bf16" else fp32_rate  # the floor at this precision
+        tables.append(_precision_table(args, precision, alloc, env, dims, rate))
+    print("=" * 100)
+    print(f"[bench] {rates}")
+    if not accelerated:
+        print("[bench] bf16 is NOT accelerated on this CPU: bf16 rows are fallback-kernel timings")
+    for t in tables:
+        print("\n" + t)
+    if tmp_model is not None:
+        tmp_model.cleanup()
+
+
+def _machine_rates(args) -> tuple[str, float, float, bool]:
+    """(the rates line, fp32 floor rate, bf16 rate, whether bf16 is accelerated), printed as measured."""
+    import torch
+
     torch_fp32_rate, bf16_rate, onednn_fp32_rate = matmul_rates()
     fp32_rate = max(torch_fp32_rate, onednn_fp32_rate)  # the floor: the machine's fastest fp32 kernel
     capability = torch.backends.cpu.get_cpu_capability()
@@ -523,82 +548,70 @@ def main(argv: list[str] | None = None) -> None:
             "than fp32): bf16 timings measure slow fallback kernels, not bf16 speed",
             flush=True,
         )
-    dims = model_dims(args.model)
+    return rates, fp32_rate, bf16_rate, accelerated
 
-    tables = []
+
+def _precision_table(args, precision: str, alloc: str, env: dict, dims, rate: float) -> str:
+    """Every side run at one precision under one allocator setting, as one titled table with notes."""
     from infra import allocator
 
-    for precision, alloc in [(p, a) for p in args.precisions for a in args.allocator_list]:
-        rate = bf16_rate if precision == "bf16" else fp32_rate  # the floor at this precision
-        results: dict[str, dict[str, float]] = {}
-        notes = []
-        for side in args.side_list:  # both sides under the same allocator setting
-            raw, why = _run_side(
-                args, side, precision, allocator.child_env(alloc, env, allocator.find_library(alloc)), alloc
-            )
-            if raw is None:
-                notes.append(f"{side}: FAILED ({why})")
-                continue
-            notes.append(
-                f"{side}: {raw['threads']} torch threads; allocator {raw.get('allocator', '?')}; 1-min load average"
-                f" at its end {raw['load_avg']:.2f} on {os.cpu_count()} CPUs (above {args.threads} = other"
-                " processes shared the CPUs)"
-            )
-            warmup = 1 if len(raw["steps"]) > 1 else 0
-            summary = summarize(raw["steps"], warmup)
-            summary["peak_rss_gb"] = raw["peak_rss_gb"]
-            timed = raw["steps"][warmup:]
-            flops = statistics.median(
-                step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples))
-                for s in timed
-            )
-            add_floor(summary, flops, rate)
-            if side == "lora":
-                notes.append(
-                    f"lora: policy.lora.rank={args.lora_rank}; weight sync path "
-                    + (
-                        "adapter (vLLM LoRARequest)"
-                        if timed[-1].get("weight_sync_adapter")
-                        else "merged weights"
-                    )
-                )
-            if side == "ours":  # the FLOPs it actually runs: each group's prompt once in training
-                own = statistics.median(
-                    step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples), True)
-                    for s in timed
-                )
-                notes.append(
-                    f"ours shares each group's prompt in training (policy.share_prompts): its own step FLOPs"
-                    f" {own / 1e12:.3f} T, floor {own / rate:.2f} s, step_s/own floor"
-                    f" {summary.get('step_s', float('nan')) * rate / own:.2f}x"
-                )
-            summary["reward_mean"] = statistics.fmean(s.get("reward_mean", float("nan")) for s in timed)
-            results[side] = summary
-        timed_n = args.steps - (1 if args.steps > 1 else 0)
-        title = (
-            f"GRPO step, {precision}: {Path(args.model).name}, {args.prompts} prompts x {args.samples} samples "
-            f"x {args.new_tokens} new tokens, no KL, median of {timed_n} timed step(s)"
-            f"{' after 1 warm-up' if args.steps > 1 else ''}, OMP_NUM_THREADS={args.threads},"
-            f" {allocator.ENV}={alloc}"
+    results: dict[str, dict[str, float]] = {}
+    notes = []
+    for side in args.side_list:  # both sides under the same allocator setting
+        raw, why = _run_side(
+            args, side, precision, allocator.child_env(alloc, env, allocator.find_library(alloc)), alloc
         )
-        note = (
-            f"floor_s = step FLOPs / {precision} matmul rate ({rate / 1e9:.1f} GFLOP/s); "
-            f"step FLOPs {results.get('ours', results.get('trl', {})).get('step_flops', 0) / 1e12:.3f} T"
-            f" (model body {dims.body_params / 1e6:.1f}M params, LM head {dims.hidden}x{dims.vocab});"
-            " TRL's update_s = step - generate - reward (includes its scoring bookkeeping)"
+        if raw is None:
+            notes.append(f"{side}: FAILED ({why})")
+            continue
+        notes.append(
+            f"{side}: {raw['threads']} torch threads; allocator {raw.get('allocator', '?')}; 1-min load average"
+            f" at its end {raw['load_avg']:.2f} on {os.cpu_count()} CPUs (above {args.threads} = other"
+            " processes shared the CPUs)"
         )
-        pair = (
-            tuple((args.side_list + ["trl"])[:2]) if len(args.side_list) != 1 else (args.side_list[0], "trl")
+        results[side] = _side_summary(args, side, raw, dims, rate, notes)
+    timed_n = args.steps - (1 if args.steps > 1 else 0)
+    title = (
+        f"GRPO step, {precision}: {Path(args.model).name}, {args.prompts} prompts x {args.samples} samples "
+        f"x {args.new_tokens} new tokens, no KL, median of {timed_n} timed step(s)"
+        f"{' after 1 warm-up' if args.steps > 1 else ''}, OMP_NUM_THREADS={args.threads},"
+        f" {allocator.ENV}={alloc}"
+    )
+    note = (
+        f"floor_s = step FLOPs / {precision} matmul rate ({rate / 1e9:.1f} GFLOP/s); "
+        f"step FLOPs {results.get('ours', results.get('trl', {})).get('step_flops', 0) / 1e12:.3f} T"
+        f" (model body {dims.body_params / 1e6:.1f}M params, LM head {dims.hidden}x{dims.vocab});"
+        " TRL's update_s = step - generate - reward (includes its scoring bookkeeping)"
+    )
+    pair = tuple((args.side_list + ["trl"])[:2]) if len(args.side_list) != 1 else (args.side_list[0], "trl")
+    return "\n".join([title, format_table(results, pair), note, *notes])
+
+
+def _side_summary(args, side: str, raw: dict, dims, rate: float, notes: list[str]) -> dict[str, float]:
+    """One side's medians over its timed steps with the FLOPs floor; its remarks are appended to `notes`."""
+    warmup = 1 if len(raw["steps"]) > 1 else 0
+    summary = summarize(raw["steps"], warmup)
+    summary["peak_rss_gb"] = raw["peak_rss_gb"]
+    timed = raw["steps"][warmup:]
+    flops = statistics.median(
+        step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples)) for s in timed
+    )
+    add_floor(summary, flops, rate)
+    if side == "lora":
+        sync = "adapter (vLLM LoRARequest)" if timed[-1].get("weight_sync_adapter") else "merged weights"
+        notes.append(f"lora: policy.lora.rank={args.lora_rank}; weight sync path {sync}")
+    if side == "ours":  # the FLOPs it actually runs: each group's prompt once in training
+        own = statistics.median(
+            step_flops(dims, StepWork(s["prompt_lens"], _response_lens(s, args), args.samples), True)
+            for s in timed
         )
-        tables.append("\n".join([title, format_table(results, pair), note, *notes]))
-    print("=" * 100)
-    print(f"[bench] {rates}")
-    if not accelerated:
-        print("[bench] bf16 is NOT accelerated on this CPU: bf16 rows are fallback-kernel timings")
-    for t in tables:
-        print("\n" + t)
-    if tmp_model is not None:
-        tmp_model.cleanup()
+        notes.append(
+            f"ours shares each group's prompt in training (policy.share_prompts): its own step FLOPs"
+            f" {own / 1e12:.3f} T, floor {own / rate:.2f} s, step_s/own floor"
+            f" {summary.get('step_s', float('nan')) * rate / own:.2f}x"
+        )
+    summary["reward_mean"] = statistics.fmean(s.get("reward_mean", float("nan")) for s in timed)
+    return summary
 
 
 def _response_lens(step: dict, args) -> list[int]:
