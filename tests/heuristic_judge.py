@@ -40,8 +40,9 @@ import argparse
 import hashlib
 import json
 import re
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.loopback_server import LoopbackServer
 
 _WORD = re.compile(r"[A-Za-z']+")
 _PIECE_MARKERS = (("<piece>", "</piece>"), ("[TEST MODEL RESPONSE]", "[TEST MODEL RESPONSE END]"))
@@ -252,26 +253,14 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
-class HeuristicJudge:
+class HeuristicJudge(LoopbackServer):
     """The server on 127.0.0.1 (port 0: a free one); `base_url` is its root, `counts` the replies sent by
     kind ("rubric", "pairwise")."""
 
     def __init__(self, port: int = 0) -> None:
         self.counts: dict[str, int] = {}
         handler = type("Handler", (_Handler,), {"counts": self.counts})
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> HeuristicJudge:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        super().__init__(ThreadingHTTPServer(("127.0.0.1", port), handler))
 
 
 if __name__ == "__main__":

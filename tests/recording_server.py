@@ -12,6 +12,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.loopback_server import LoopbackServer
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -64,23 +66,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
-    daemon_threads = True
     model: str
     reply: str
     lock: threading.Lock
     requests: list[dict]
 
 
-class RecordingServer:
+class RecordingServer(LoopbackServer):
     """`with RecordingServer(reply="... \\boxed{4}") as srv:` then point a client at `srv.base_url`;
     `srv.requests` lists {method, path, headers, body} in arrival order."""
 
+    _server: _Server
+
     def __init__(self, reply: str = "The answer is \\boxed{0}.", model: str = "recorder") -> None:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.model, self._server.reply = model, reply
-        self._server.lock, self._server.requests = threading.Lock(), []
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.model, server.reply = model, reply
+        server.lock, server.requests = threading.Lock(), []
+        super().__init__(server)
         self.model = model
 
     @property
@@ -92,12 +94,3 @@ class RecordingServer:
         """Every distinct credential header value received (Authorization, x-api-key, api-key)."""
         names = ("authorization", "x-api-key", "api-key")
         return {v for r in self.requests for k, v in r["headers"].items() if k.lower() in names}
-
-    def __enter__(self) -> RecordingServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
