@@ -20,6 +20,25 @@ README = PROJECT_ROOT / "README.md"
 MAX_LINES = 200
 MAX_LINE_CHARS = 159  # "every line under 160 characters"
 HELP_TIMEOUT_S = 60
+USER_TARGETS = {
+    "sweep",
+    "sweep-status",
+    "pipeline",
+    "train",
+    "report",
+    "view",
+    "leaderboard",
+    "test",
+    "test-all",
+}
+USER_MODULES = {
+    "train",
+    "evals.math",
+    "evals.novelty",
+    "evals.creative_writing",
+    "evals.sycophancy",
+    "evals.watch",
+}
 
 
 def _code(text: str) -> str:
@@ -136,7 +155,8 @@ def test_the_checkers_on_hand_written_text(tmp_path):
         "sweep", "bench", "bench-train"
     }  # fmt: skip
     assert shape_problems("a\n" * 3) == []
-    assert shape_problems("x" * 160 + "\n" + "b\n" * 200) == ["201 lines (at most 200)", "line 1: 160 characters"]
+    too_long = "x" * 160 + "\n" + "b\n" * 200
+    assert shape_problems(too_long) == ["201 lines (at most 200)", "line 1: 160 characters"]
 
 
 # ---- the README itself -------------------------------------------------------------------------------------
@@ -148,7 +168,7 @@ def test_readme_is_short_with_short_lines():
 
 def test_every_make_target_the_readme_names_is_in_the_makefile():
     named = make_targets_named(README.read_text())
-    assert {"sweep", "sweep-status", "pipeline", "train", "report", "view", "leaderboard", "test", "test-all"} <= named
+    assert USER_TARGETS <= named
     missing = named - makefile_targets((PROJECT_ROOT / "Makefile").read_text())
     assert not missing, f"README names make targets the Makefile lacks: {sorted(missing)}"
 
@@ -160,9 +180,7 @@ def test_every_relative_link_in_the_readme_leads_somewhere():
 @pytest.mark.slow  # a dozen interpreters importing torch: several seconds on 2 cores
 def test_every_module_the_readme_names_answers_help():
     modules = sorted(modules_named(README.read_text()))
-    assert {"train", "evals.math", "evals.novelty", "evals.creative_writing", "evals.sycophancy", "evals.watch"} <= set(
-        modules
-    )  # fmt: skip
+    assert USER_MODULES <= set(modules)
     with ThreadPoolExecutor(max_workers=4) as pool:
         failures = [f for f in pool.map(help_failure, modules) if f]
     assert not failures, "\n".join(failures)
