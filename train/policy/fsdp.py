@@ -76,13 +76,23 @@ from train.policy.segments import for_training
 LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
 
 
+def _check_names(precision: str, lr_schedule: str, attn_implementation: str) -> None:
+    """The policy's named choices, each refused in one line naming the key."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
+    if lr_schedule not in ("constant", "cosine"):
+        raise ValueError(f"optim.schedule={lr_schedule!r}: expected 'constant' or 'cosine'")
+    if attn_implementation not in ATTENTION:
+        raise ValueError(f"policy.attn_implementation={attn_implementation!r}: expected one of {ATTENTION}")
+
+
 class Policy:
     """FSDP2-sharded causal LM. `trainable=False` builds a frozen reference model (no optimizer)."""
 
     def __init__(
         self,
         model_path: str | Path,
-        precision: str = "fp32",  # the run config's default is auto (train/config.py)
+        precision: str = "fp32",  # the run config's default is auto (train/config/schema.py)
         trainable: bool = True,
         lr: float = 1e-6,
         weight_decay: float = 0.01,
@@ -102,14 +112,7 @@ class Policy:
         fp32_matmul: str = "auto",
         torch_compile: bool = True,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"policy.precision={precision!r}: expected one of {PRECISIONS}")
-        if lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"optim.schedule={lr_schedule!r}: expected 'constant' or 'cosine'")
-        if attn_implementation not in ATTENTION:
-            raise ValueError(
-                f"policy.attn_implementation={attn_implementation!r}: expected one of {ATTENTION}"
-            )
+        _check_names(precision, lr_schedule, attn_implementation)
         self.device = device()
         self.precision_choice = resolve_precision(precision, self.device, fp32_matmul)
         self.precision = self.precision_choice.precision  # fp32 | bf16, never auto
@@ -132,36 +135,9 @@ class Policy:
         self.model_path = Path(model_path)
         config = AutoConfig.from_pretrained(str(model_path))
         files = weight_files(model_path)
-        model = build_on_meta(lambda: self._model_from_config(config))
-        if self.precision_choice.onednn_linears:  # fp32 products in oneDNN where faster (cpu_matmul.py)
-            route_linears(model)
-        if gradient_checkpointing and trainable:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-        self.config = model.config
-        self.torch_compile = torch_compile
-        self.vocab_kernels = vocab_kernels(
-            torch_compile,
-            model.config.vocab_size,
-            torch.bfloat16 if self.precision == "bf16" else torch.float32,
-        )
-        adapter_init: dict[str, torch.Tensor] = {}
-        if self.lora.enabled:  # PEFT adapters on the meta model; the base frozen (in bf16 under bf16)
-            model = lora_wrap(model, self.lora)
-            adapter_init = fresh_adapter(model)
-            if self.precision == "bf16":  # FSDP2 casts every parameter to bf16 for compute anyway
-                freeze_base_in(model, torch.bfloat16)
+        model, adapter_init = self._meta_model(config, gradient_checkpointing and trainable, torch_compile)
         fresh = fresh_parameters(model, files, known=adapter_init)
-        self.world_size = dist.get_world_size()
-        kwargs: dict = {"mesh": init_device_mesh(self.device.type, (self.world_size,))}
-        if self.precision == "bf16":
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        self.cpu_offload = cpu_offload and self.device.type == "cuda"  # on a CPU-only rank it is a no-op
-        if self.cpu_offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-        for layer in decoder_layers(model):
-            fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)
+        self._shard(model, cpu_offload)
         # the shards' storage on the device (the host when offloaded; buffers stay on the device), then the rows
         materialize(
             model, files, fresh, torch.device("cpu") if self.cpu_offload else self.device, self.device
@@ -188,6 +164,44 @@ class Policy:
             model.requires_grad_(False)
             self.optimizer = None
             self.scheduler = None
+
+    def _meta_model(self, config, checkpointing: bool, torch_compile: bool) -> tuple[torch.nn.Module, dict]:
+        """The model on the meta device with its fp32 kernel, activation checkpointing and the vocabulary
+        kernels set, and under LoRA its adapters (with their fresh values; the base frozen)."""
+        model = build_on_meta(lambda: self._model_from_config(config))
+        if self.precision_choice.onednn_linears:  # fp32 products in oneDNN where faster (cpu_matmul.py)
+            route_linears(model)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        self.config = model.config
+        self.torch_compile = torch_compile
+        self.vocab_kernels = vocab_kernels(
+            torch_compile,
+            model.config.vocab_size,
+            torch.bfloat16 if self.precision == "bf16" else torch.float32,
+        )
+        adapter_init: dict[str, torch.Tensor] = {}
+        if self.lora.enabled:  # PEFT adapters on the meta model; the base frozen (in bf16 under bf16)
+            model = lora_wrap(model, self.lora)
+            adapter_init = fresh_adapter(model)
+            if self.precision == "bf16":  # FSDP2 casts every parameter to bf16 for compute anyway
+                freeze_base_in(model, torch.bfloat16)
+        return model, adapter_init
+
+    def _shard(self, model: torch.nn.Module, cpu_offload: bool) -> None:
+        """FSDP2 over every rank: each decoder layer a unit, the rest the root; bf16 compute with fp32 gradient
+        reduce under bf16; the shards on the host under `cpu_offload` (GPU only)."""
+        self.world_size = dist.get_world_size()
+        kwargs: dict = {"mesh": init_device_mesh(self.device.type, (self.world_size,))}
+        if self.precision == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        self.cpu_offload = cpu_offload and self.device.type == "cuda"  # on a CPU-only rank it is a no-op
+        if self.cpu_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        for layer in decoder_layers(model):
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
 
     def companion_kwargs(self) -> dict:
         """The settings a reference model or critic built beside this policy takes from it, so that it computes
