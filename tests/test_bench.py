@@ -11,6 +11,11 @@ from train.flops import ModelDims, StepWork, _causal_attn_flops, generation_flop
 DIMS = ModelDims(body_params=1000, hidden=4, vocab=10, layers=2, attn_dim=3)
 
 
+def _steps(columns: str, *rows: tuple) -> list[dict]:
+    """Per-step records as a table: `columns` names the keys, each row one step's values."""
+    return [dict(zip(columns.split(), row, strict=True)) for row in rows]
+
+
 def test_causal_attention_flops_sum_positions():
     # positions 1..3 attend to 1, 2, 3 keys: 4 * layers * attn_dim * (1 + 2 + 3)
     assert _causal_attn_flops(DIMS, 0, 3) == 4 * 2 * 3 * 6
@@ -46,16 +51,13 @@ def test_flops_of_smollm2_sized_step_are_plausible():
 
 
 def test_summarize_medians_after_warmup_and_rates():
-    steps = [
-        {"step_s": 100.0, "rollout_s": 50.0, "reward_s": 1.0, "update_s": 40.0, "weight_sync_s": 9.0,
-         "prompt_tokens": 400, "response_tokens": 200},
-        {"step_s": 10.0, "rollout_s": 4.0, "reward_s": 1.0, "update_s": 5.0, "weight_sync_s": 0.0,
-         "prompt_tokens": 400, "response_tokens": 200},
-        {"step_s": 12.0, "rollout_s": 4.0, "reward_s": 1.0, "update_s": 6.0, "weight_sync_s": 1.0,
-         "prompt_tokens": 400, "response_tokens": 200},
-        {"step_s": 14.0, "rollout_s": 5.0, "reward_s": 1.0, "update_s": 8.0, "weight_sync_s": 0.0,
-         "prompt_tokens": 400, "response_tokens": 200},
-    ]  # fmt: skip
+    steps = _steps(
+        "step_s rollout_s reward_s update_s weight_sync_s prompt_tokens response_tokens",
+        (100.0, 50.0, 1.0, 40.0, 9.0, 400, 200),
+        (10.0, 4.0, 1.0, 5.0, 0.0, 400, 200),
+        (12.0, 4.0, 1.0, 6.0, 1.0, 400, 200),
+        (14.0, 5.0, 1.0, 8.0, 0.0, 400, 200),
+    )
     s = summarize(steps, warmup=1)
     assert s["step_s"] == 12.0 and s["rollout_s"] == 4.0 and s["update_s"] == 6.0
     assert s["rollout_tokens_per_s"] == pytest.approx(50.0)  # median of 200/4, 200/4, 200/5
@@ -113,14 +115,12 @@ def test_response_lens_spread_totals():
 
 def test_kernel_usage_rows_per_side():
     """System time and minor faults per step (medians after warm-up) are rows of the table for both sides."""
-    steps = [
-        {"step_s": 9.0, "rollout_s": 4.0, "update_s": 5.0, "prompt_tokens": 4, "response_tokens": 2,
-         "sys_s": 9.0, "minor_faults": 900_000},
-        {"step_s": 5.0, "rollout_s": 2.0, "update_s": 3.0, "prompt_tokens": 4, "response_tokens": 2,
-         "sys_s": 1.5, "minor_faults": 200_000},
-        {"step_s": 6.0, "rollout_s": 2.0, "update_s": 4.0, "prompt_tokens": 4, "response_tokens": 2,
-         "sys_s": 2.5, "minor_faults": 300_000},
-    ]  # fmt: skip
+    steps = _steps(
+        "step_s rollout_s update_s prompt_tokens response_tokens sys_s minor_faults",
+        (9.0, 4.0, 5.0, 4, 2, 9.0, 900_000),
+        (5.0, 2.0, 3.0, 4, 2, 1.5, 200_000),
+        (6.0, 2.0, 4.0, 4, 2, 2.5, 300_000),
+    )
     s = summarize(steps, warmup=1)
     assert s["sys_s"] == 2.0 and s["minor_faults"] == 250_000
     lines = format_table({"ours": s, "trl": {**s, "sys_s": 8.0, "minor_faults": 1_000_000}}).splitlines()

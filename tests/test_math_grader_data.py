@@ -7,6 +7,7 @@ Every gold, boxed as a model would write it, must grade 1.0 against itself, and 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,21 +28,23 @@ def _golds(shared_dir: Path, name: str) -> list[str]:
     ]
 
 
+def _self_misses(golds: list[str], write: Callable[[str], str]) -> list[str]:
+    """The golds that do not grade 1.0 against a response `write(gold)` states them in."""
+    scores = grade_batch([write(g) for g in golds], golds)
+    return [g for g, s in zip(golds, scores) if s != 1.0]
+
+
 @pytest.mark.parametrize("name", DATASETS)
 def test_gold_graded_against_itself(shared_dir: Path, name: str) -> None:
     golds = _golds(shared_dir, name)
-    responses = [f"Reasoning... so the answer is $\\boxed{{{g}}}$." for g in golds]
-    scores = grade_batch(responses, golds)
-    misses = [g for g, s in zip(golds, scores) if s != 1.0]
+    misses = _self_misses(golds, lambda g: f"Reasoning... so the answer is $\\boxed{{{g}}}$.")
     assert len(misses) <= len(golds) // 200, misses[:10]
 
 
 @pytest.mark.parametrize("name", ["math500", "minerva_math"])
 def test_gold_in_final_answer_format(shared_dir: Path, name: str) -> None:
     golds = _golds(shared_dir, name)
-    responses = [f"Final Answer: The final answer is ${g}$. I hope it is correct." for g in golds]
-    scores = grade_batch(responses, golds)
-    misses = [g for g, s in zip(golds, scores) if s != 1.0]
+    misses = _self_misses(golds, lambda g: f"Final Answer: The final answer is ${g}$. I hope it is correct.")
     assert len(misses) <= len(golds) // 100, misses[:10]
 
 
