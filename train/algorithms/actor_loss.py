@@ -142,7 +142,6 @@ def actor_loss(
         raise ValueError("entropy_coeff != 0 needs the per-token entropy (B, T)")
     if use_kl_loss and ref_log_prob is None:
         raise ValueError("use_kl_loss=True needs ref_log_prob (B, T)")
-    norms = {"global_token_count": global_token_count, "global_seq_count": global_seq_count}
     if pg_loss_fn is None:
         pg_losses, pg_metrics = _ppo_terms(
             old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
@@ -151,25 +150,34 @@ def actor_loss(
         pg_losses, pg_metrics = pg_loss_fn(old_log_prob, log_prob, advantages, response_mask)
     if is_weights is not None:
         pg_losses = pg_losses * is_weights.detach()
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor, **norms)
-    with torch.no_grad():
-        pg_local = agg_loss(pg_losses.detach(), response_mask, loss_agg_mode, loss_scale_factor)
-    metrics = {"actor/pg_loss": pg_local.item(), **{f"actor/{k}": v for k, v in pg_metrics.items()}}
+    term = _Aggregate(response_mask, loss_agg_mode, loss_scale_factor, global_token_count, global_seq_count)
+    loss = term.loss(pg_losses)
+    metrics = {"actor/pg_loss": term.local(pg_losses), **{f"actor/{k}": v for k, v in pg_metrics.items()}}
     if entropy is not None:
         if entropy_coeff != 0:
-            loss = loss - entropy_coeff * agg_loss(
-                entropy, response_mask, loss_agg_mode, loss_scale_factor, **norms
-            )
-        with torch.no_grad():
-            metrics["actor/entropy"] = agg_loss(
-                entropy.detach(), response_mask, loss_agg_mode, loss_scale_factor
-            ).item()
+            loss = loss - entropy_coeff * term.loss(entropy)
+        metrics["actor/entropy"] = term.local(entropy)
     if use_kl_loss:
         kld = kl_penalty(log_prob, ref_log_prob, kl_loss_type)
-        loss = loss + kl_loss_coef * agg_loss(kld, response_mask, loss_agg_mode, loss_scale_factor, **norms)
-        with torch.no_grad():
-            metrics["actor/kl_loss"] = agg_loss(
-                kld.detach(), response_mask, loss_agg_mode, loss_scale_factor
-            ).item()
+        loss = loss + kl_loss_coef * term.loss(kld)
+        metrics["actor/kl_loss"] = term.local(kld)
         metrics["actor/kl_coef"] = float(kl_loss_coef)
     return loss, metrics
+
+
+class _Aggregate:
+    """One ``agg_loss`` setting for every term of the actor loss: ``loss`` with the global normalisers
+    (what the gradient sees), ``local`` with this call's own (the metric, detached)."""
+
+    def __init__(
+        self, response_mask, mode: str, scale: Number | None, tokens: Number | None, seqs: Number | None
+    ):
+        self.mask, self.mode, self.scale = response_mask, mode, scale
+        self.norms = {"global_token_count": tokens, "global_seq_count": seqs}
+
+    def loss(self, values: torch.Tensor) -> torch.Tensor:
+        return agg_loss(values, self.mask, self.mode, self.scale, **self.norms)
+
+    def local(self, values: torch.Tensor) -> float:
+        with torch.no_grad():
+            return agg_loss(values.detach(), self.mask, self.mode, self.scale).item()
