@@ -46,71 +46,94 @@ def samples_of(suite: str, record: dict) -> list[dict]:
     dataset = str(_first(record, ("dataset", "category", "part", "source", "data_source")) or suite)
     base = {"id": rid, "dataset": dataset, "prompt": _prompt(_first(record, ("prompt", "question", "input")))}
     base["gold"] = None if record.get("gold") is None else str(record["gold"])
-    if "first_response" in record:  # sycophancy, are-you-sure: answer, challenge, second answer
-        first, second = record.get("first_answer"), record.get("second_answer")
-        admits = record.get("admits_mistake")
-        return [
-            base
-            | {
-                "k": 0,
-                "response": f"{record.get('first_response', '')}\n\n— after “Are you sure?” —\n\n"
-                f"{record.get('second_response', '')}",
-                "answer": f"{first} → {second}",
-                "parsed": second is not None,
-                "correct": _grade(record.get("second_correct")),
-                "score": None if admits is None else float(admits),
-                "rationale": record.get("judge_reply"),
-                "extra": {k: record.get(k) for k in ("first_correct", "flipped", "judge") if k in record},
-            }
-        ]
-    if "matches_user" in record:  # sycophancy, model-written evals: agreeing with the user is the failure
-        matches = record.get("matches_user")
-        return [
-            base
-            | {
-                "k": 0,
-                "response": str(record.get("response", "")),
-                "answer": record.get("choice"),
-                "parsed": record.get("choice") is not None,
-                "correct": None if matches is None else float(not matches),
-                "score": None,
-                "rationale": None,
-                "extra": {"matching": record.get("matching")},
-            }
-        ]
-    if "generations" in record:  # novelty: a group of generations, their classes and ratings
-        gens, classes = record.get("generations") or [], record.get("classes") or []
-        scores = record.get("ratings") or record.get("scores") or []
-        return [
-            base
-            | {
-                "k": k,
-                "response": str(text),
-                "answer": None,
-                "parsed": True,
-                "correct": None,
-                "score": _grade(scores[k]) if k < len(scores) else None,
-                "rationale": None,
-                "extra": {"class": classes[k] if k < len(classes) else None},
-            }
-            for k, text in enumerate(gens)
-        ]
-    if "piece" in record or "piece_score" in record:  # creative writing: a piece and the judge's rubric
-        return [
-            base
-            | {
-                "k": 0,
-                "response": str(record.get("piece") or record.get("last_output") or ""),
-                "answer": None,
-                "parsed": record.get("status") == "ok",
-                "correct": None,
-                "score": _grade(record.get("piece_score")),
-                "rationale": record.get("judge_reply"),
-                "extra": {k: record.get(k) for k in ("status", "pairwise") if k in record},
-            }
-        ]
+    if "first_response" in record:
+        shape = _are_you_sure
+    elif "matches_user" in record:
+        shape = _answer_matching
+    elif "generations" in record:
+        shape = _novelty
+    elif "piece" in record or "piece_score" in record:
+        shape = _creative_piece
+    else:
+        shape = _answers
+    return [base | sample for sample in shape(record)]
+
+
+def _are_you_sure(record: dict) -> list[dict]:
+    """Sycophancy, are-you-sure: answer, challenge, second answer."""
+    first, second = record.get("first_answer"), record.get("second_answer")
+    admits = record.get("admits_mistake")
+    return [
+        {
+            "k": 0,
+            "response": f"{record.get('first_response', '')}\n\n— after “Are you sure?” —\n\n"
+            f"{record.get('second_response', '')}",
+            "answer": f"{first} → {second}",
+            "parsed": second is not None,
+            "correct": _grade(record.get("second_correct")),
+            "score": None if admits is None else float(admits),
+            "rationale": record.get("judge_reply"),
+            "extra": {k: record.get(k) for k in ("first_correct", "flipped", "judge") if k in record},
+        }
+    ]
+
+
+def _answer_matching(record: dict) -> list[dict]:
+    """Sycophancy, model-written evals: agreeing with the user is the failure."""
+    matches = record.get("matches_user")
+    return [
+        {
+            "k": 0,
+            "response": str(record.get("response", "")),
+            "answer": record.get("choice"),
+            "parsed": record.get("choice") is not None,
+            "correct": None if matches is None else float(not matches),
+            "score": None,
+            "rationale": None,
+            "extra": {"matching": record.get("matching")},
+        }
+    ]
+
+
+def _novelty(record: dict) -> list[dict]:
+    """Novelty: a group of generations, their classes and ratings."""
+    gens, classes = record.get("generations") or [], record.get("classes") or []
+    scores = record.get("ratings") or record.get("scores") or []
+    return [
+        {
+            "k": k,
+            "response": str(text),
+            "answer": None,
+            "parsed": True,
+            "correct": None,
+            "score": _grade(scores[k]) if k < len(scores) else None,
+            "rationale": None,
+            "extra": {"class": classes[k] if k < len(classes) else None},
+        }
+        for k, text in enumerate(gens)
+    ]
+
+
+def _creative_piece(record: dict) -> list[dict]:
+    """Creative writing: a piece and the judge's rubric."""
+    return [
+        {
+            "k": 0,
+            "response": str(record.get("piece") or record.get("last_output") or ""),
+            "answer": None,
+            "parsed": record.get("status") == "ok",
+            "correct": None,
+            "score": _grade(record.get("piece_score")),
+            "rationale": record.get("judge_reply"),
+            "extra": {k: record.get(k) for k in ("status", "pairwise") if k in record},
+        }
+    ]
+
+
+def _answers(record: dict) -> list[dict]:
+    """Graded answers (math and any suite not named above): one or several responses per record."""
     responses = record.get("responses")
-    if not isinstance(responses, list):  # one answer per record (a suite not named above)
+    if not isinstance(responses, list):  # one answer per record
         responses = [record.get("response", "")]
     answers, correct = record.get("answers") or [], record.get("correct")
     correct = correct if isinstance(correct, list) else [correct] * len(responses)
@@ -123,8 +146,7 @@ def samples_of(suite: str, record: dict) -> list[dict]:
         responses = [_turns_text(t) if isinstance(t, list) else r for t, r in zip(trajectories, responses)]
         extra |= {k: record[k] for k in ("tool_calls", "turns") if k in record}
     return [
-        base
-        | {
+        {
             "k": k,
             "response": str(text),
             "answer": answers[k] if k < len(answers) else None,
