@@ -71,6 +71,25 @@ def signal_after_step(proc: subprocess.Popen, run_dir: Path, log: Path, step: in
     return code, time.time() - sent
 
 
+def train_then_signal(
+    tmp_path: Path,
+    model: Path,
+    steps: int,
+    save_every: int,
+    delay: float,
+    *extra: str,
+    after: int,
+    sig: int,
+    group: bool,
+) -> tuple[int, float, str, int]:
+    """A training run in tmp_path/run (its log tmp_path/train.log) sent `sig` once step `after` is logged:
+    (exit code, seconds from the signal to the exit, the log, the last step logged)."""
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    cmd = [sys.executable, "-m", "train", *overrides(model, run_dir, steps, save_every, delay), *extra]
+    code, secs = signal_after_step(start(cmd, env_for(tmp_path), log), run_dir, log, after, sig, group)
+    return code, secs, log.read_text(), progress_step(run_dir)
+
+
 def run_of(tmp_path: Path, run_dir: Path):
     import mlflow
 
@@ -81,12 +100,9 @@ def run_of(tmp_path: Path, run_dir: Path):
 def test_sigterm_checkpoints_marks_killed_and_resumes_past_a_damaged_step(tiny_model, tmp_path):
     """SIGTERM (Slurm's preemption, scancel, time limit) after step >= 4 of 8, saves every 3 steps:
     before, the process died of the signal with nothing saved past step 4 and the run RUNNING forever."""
-    run_dir, log, env = tmp_path / "run", tmp_path / "train.log", env_for(tmp_path)
-    cmd = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 8, 3, 1.0)]
-    proc = start(cmd, env, log)
-    code, secs = signal_after_step(proc, run_dir, log, 4, signal.SIGTERM, group=False)
-    out = log.read_text()
-    stopped = progress_step(run_dir)
+    run_dir, env = tmp_path / "run", env_for(tmp_path)
+    code, secs, out, stopped = train_then_signal(tmp_path, tiny_model, 8, 3, 1.0, after=4, sig=signal.SIGTERM,
+                                                 group=False)  # fmt: skip
     print(f"\n[measure] SIGTERM after step 4: exit {code} {secs:.1f} s after the signal, stopped after step "
           f"{stopped}, checkpoints {[s for s, _ in ckpt.list_checkpoints(run_dir)]}")  # fmt: skip
     assert code == 128 + signal.SIGTERM, out[-3000:]
@@ -147,12 +163,9 @@ def test_usr2_to_every_process_of_a_two_rank_job_is_handled_once_by_the_launcher
     """submitit's USR2 reaches every process of the job (torchrun and its ranks too). Before: torchrun and
     the ranks died of it, no checkpoint. Now the launcher handles it once; both ranks stop after the same
     step and write one checkpoint together (world_size 2 in its meta.json)."""
-    run_dir, log, env = tmp_path / "run", tmp_path / "train.log", env_for(tmp_path)
-    cmd = [sys.executable, "-m", "train", *overrides(tiny_model, run_dir, 20, 0, 0.5), "world_size=2"]
-    proc = start(cmd, env, log)
-    code, secs = signal_after_step(proc, run_dir, log, 2, signal.SIGUSR2, group=True)
-    out = log.read_text()
-    stopped = progress_step(run_dir)
+    run_dir = tmp_path / "run"
+    code, secs, out, stopped = train_then_signal(tmp_path, tiny_model, 20, 0, 0.5, "world_size=2", after=2,
+                                                 sig=signal.SIGUSR2, group=True)  # fmt: skip
     print(f"\n[measure] USR2 to the 2-rank job's process group after step 2: exit {code} {secs:.1f} s after "
           f"the signal, stopped after step {stopped}")  # fmt: skip
     assert code == 128 + signal.SIGUSR2, out[-4000:]
