@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from infra.models import PROJECT_ROOT
+from tests.children import python_child
 
 PRELUDE = """
 import json, os, sys, time
@@ -49,17 +48,7 @@ print(run_id)
 
 def _spawn(script: str, work: Path, names: list[str], uri: str, extra: list[str] | None = None):
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1"}
-    return [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(work), n, *(extra or [])],
-            env=env,
-            cwd=PROJECT_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for n in names
-    ]
+    return [python_child(["-c", script, str(work), n, *(extra or [])], env) for n in names]
 
 
 def _go(work: Path, procs: list, timeout_s: float = 300) -> None:

@@ -4,13 +4,12 @@ infra.tracking.Tracker to ONE store, lose nothing. Run against the SQLite defaul
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from infra.models import PROJECT_ROOT
+from tests.children import python_child
 
 STEPS, KEYS = 200, ("train/reward_mean", "train/loss", "timing/step_s")
 
@@ -45,14 +44,7 @@ def test_concurrent_writers_lose_no_metric(tmp_path, writers):
     gate = tmp_path / "gate"
     gate.mkdir()
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WRITER, f"w{i}", str(gate), str(STEPS), json.dumps(KEYS)],
-            env=env,
-            cwd=PROJECT_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        python_child(["-c", WRITER, f"w{i}", str(gate), str(STEPS), json.dumps(KEYS)], env)
         for i in range(WRITERS)
     ]
     deadline = time.time() + 300  # every interpreter has imported mlflow and made its run

@@ -317,30 +317,16 @@ def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
     from omegaconf import OmegaConf
 
     from infra.executors import cancel_jobs, pid_alive
+    from tests.children import python_child
 
     env = sweep_env(tmp_path, Path("/nonexistent/model"))  # the jobs fail at once: only folders matter here
     go = tmp_path / "go"
     lrs = ["1e-06", "2e-06", "3e-06"]
     now = str(time.time())  # every sweep's clock reads this second
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                SAME_SECOND_DRIVER,
-                str(go),
-                now,
-                "tinysweep",
-                "--grid",
-                "seed=1",
-                f"optim.lr={lr}",
-            ],
-            env=env,
-            cwd=PROJECT_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        python_child(
+            ["-c", SAME_SECOND_DRIVER, str(go), now, "tinysweep", "--grid", "seed=1", f"optim.lr={lr}"], env
+        )
         for lr in lrs
     ]
     time.sleep(5)  # every driver has imported orchestration.sweep (then they start together)
