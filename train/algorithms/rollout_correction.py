@@ -190,18 +190,7 @@ def parse_rejection(
         raise _bad_rs(rollout_rs, f"give a comma list of {', '.join(RS_OPTIONS)} (or null: off)")
     names = list(dict.fromkeys(p.strip() for p in rollout_rs.split(",") if p.strip()))
     if any(n in RS_ALIASES for n in names):
-        if len(names) > 1:
-            raise _bad_rs(
-                rollout_rs,
-                "token | sequence | geometric (bounded by rollout_rs_lower/upper) cannot be chained; "
-                "write them as token_k1 | seq_sum_k1 | seq_mean_k1 with rollout_rs_threshold",
-            )
-        if not 0 < lower <= upper:
-            raise ValueError(
-                f"algorithm.rollout_rs_lower/upper need 0 < lower <= upper, got {lower}, {upper}"
-            )
-        # lower <= rho <= upper  <=>  -log(upper) <= k1 = -log rho <= -log(lower)
-        return [Criterion(RS_ALIASES[names[0]], 1.0 / lower, -math.log(upper), -math.log(lower))]
+        return [_alias_criterion(rollout_rs, names, lower, upper)]
     unknown = [n for n in names if n not in RS_OPTIONS]
     if unknown:
         raise _bad_rs(
@@ -219,24 +208,40 @@ def parse_rejection(
             f"(one per criterion of rollout_rs={rollout_rs})"
         )
     specs = specs * len(names) if len(specs) == 1 else specs
-    out = []
-    for name, spec in zip(names, specs):
-        where = f"algorithm.rollout_rs_threshold entry {spec!r} for {name}"
-        try:  # (float() itself reads "0.5_2" as 52.0: split first, refuse "_" for k2/k3)
-            if "_" in spec and not name.endswith("k1"):
-                raise ValueError(spec)
-            parts = [float(p) for p in spec.split("_")]
-        except ValueError:
-            shape = "a number u or lower_upper" if name.endswith("k1") else "one number (no lower bound)"
-            raise ValueError(f"{where}: must be {shape}") from None
-        if len(parts) > 2 or any(not p > 0 for p in parts):
-            raise ValueError(f"{where}: bounds must be positive numbers")
-        if name.endswith("k1"):
-            lo, hi = parts if len(parts) == 2 else (1.0 / parts[0], parts[0])
-            out.append(Criterion(name, hi, math.log(lo), math.log(hi)))
-        else:
-            out.append(Criterion(name, parts[0]))
-    return out
+    return [_threshold_criterion(name, spec) for name, spec in zip(names, specs)]
+
+
+def _alias_criterion(rollout_rs: str, names: list[str], lower: float, upper: float) -> Criterion:
+    """``token`` / ``sequence`` / ``geometric`` (alone): ``lower <= rho <= upper`` as a k1 criterion."""
+    if len(names) > 1:
+        raise _bad_rs(
+            rollout_rs,
+            "token | sequence | geometric (bounded by rollout_rs_lower/upper) cannot be chained; "
+            "write them as token_k1 | seq_sum_k1 | seq_mean_k1 with rollout_rs_threshold",
+        )
+    if not 0 < lower <= upper:
+        raise ValueError(f"algorithm.rollout_rs_lower/upper need 0 < lower <= upper, got {lower}, {upper}")
+    # lower <= rho <= upper  <=>  -log(upper) <= k1 = -log rho <= -log(lower)
+    return Criterion(RS_ALIASES[names[0]], 1.0 / lower, -math.log(upper), -math.log(lower))
+
+
+def _threshold_criterion(name: str, spec: str) -> Criterion:
+    """One verl criterion with its ``rollout_rs_threshold`` entry: k1 ``lower_upper`` or u = [1/u, u];
+    k2/k3 one upper bound."""
+    where = f"algorithm.rollout_rs_threshold entry {spec!r} for {name}"
+    try:  # (float() itself reads "0.5_2" as 52.0: split first, refuse "_" for k2/k3)
+        if "_" in spec and not name.endswith("k1"):
+            raise ValueError(spec)
+        parts = [float(p) for p in spec.split("_")]
+    except ValueError:
+        shape = "a number u or lower_upper" if name.endswith("k1") else "one number (no lower bound)"
+        raise ValueError(f"{where}: must be {shape}") from None
+    if len(parts) > 2 or any(not p > 0 for p in parts):
+        raise ValueError(f"{where}: bounds must be positive numbers")
+    if name.endswith("k1"):
+        lo, hi = parts if len(parts) == 2 else (1.0 / parts[0], parts[0])
+        return Criterion(name, hi, math.log(lo), math.log(hi))
+    return Criterion(name, parts[0])
 
 
 @torch.no_grad()
