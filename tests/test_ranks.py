@@ -45,6 +45,13 @@ def _cfg(tiny_model, run_dir: Path):
     )  # fmt: skip
 
 
+@pytest.fixture()
+def rank_env(monkeypatch) -> None:
+    """What the ranks a test starts inherit: this checkout on their path, one thread each."""
+    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,10 +60,8 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
-def test_two_nodes_train_one_world(tiny_model, tmp_path, monkeypatch):
+def test_two_nodes_train_one_world(tiny_model, tmp_path, rank_env):
     """Two 'nodes' on this machine, one rank each, meet at the rendezvous and train one step together."""
-    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cfg = _cfg(tiny_model, tmp_path / "run")
     port, codes = _free_port(), {}
 
@@ -76,11 +81,9 @@ def test_two_nodes_train_one_world(tiny_model, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
-def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, monkeypatch):
+def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, rank_env):
     from orchestration.job import TrainPoint, read_status
 
-    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cfg = _cfg(tiny_model, tmp_path / "point")
     TrainPoint()(OmegaConf.to_yaml(cfg))  # before: "world_size=2 but 1 ranks were started"
     status = read_status(tmp_path / "point")
@@ -89,7 +92,7 @@ def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, mo
 
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
-def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, monkeypatch, dist_group):
+def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, rank_env, dist_group):
     """Each of 2 ranks writes its own DCP shards; a 1-rank job resumes them (resharded) and trains on."""
     import torch
     from safetensors.torch import load_file
@@ -98,8 +101,6 @@ def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, mo
     from orchestration.job import TrainPoint
     from train.stages.grpo import GRPOTrainer
 
-    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     TrainPoint()(OmegaConf.to_yaml(_cfg(tiny_model, tmp_path / "point")))
     step = ckpt.latest_checkpoint(tmp_path / "point")
     shards = {p.name for p in (step / ckpt.STATE).iterdir()}
