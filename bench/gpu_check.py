@@ -93,6 +93,55 @@ def rows_work(prompt_ids: list[list[int]], response_ids: list[list[int]]) -> Ste
     return StepWork([len(p) for p in prompt_ids], [len(r) for r in response_ids], 1)
 
 
+def _peak(gpu: str, device: torch.device, choice) -> tuple[float, str]:
+    """(the dense peak FLOP/s MFU is against, how it was found): the GPU's datasheet, or on the CPU the
+    measured matmul rate of the chosen precision."""
+    from train.plan import GPUS
+
+    if device.type == "cuda":
+        spec = GPUS[gpu]
+        peak = (spec["bf16_tflops"] if choice.precision == "bf16" else spec["fp32_tflops"]) * 1e12
+        return peak, f"{gpu} datasheet dense {choice.precision} {peak / 1e12:.0f} TFLOP/s"
+    peak = choice.bf16_flops if choice.precision == "bf16" else choice.fp32_flops
+    peak = peak or 1.0
+    return peak, f"measured {choice.precision} matmul {peak / 1e9:.0f} GFLOP/s"
+
+
+def _step_row(step: int, m: dict, meas: dict, frames: int, peak: float) -> dict:
+    """One step's row: the trainer's metrics, the meter's figures and the MFU."""
+    return {
+        "step": step,
+        "pg_loss": m.get("actor/pg_loss"),
+        "reward_mean": m.get("train/reward_mean"),
+        "accuracy": m.get("train/accuracy"),
+        "grad_norm": m.get("actor/grad_norm"),
+        "response_length_mean": m.get("train/response_length_mean"),
+        "rollout_s": m.get("timing/rollout_s"),
+        "compiled_frames": frames,
+        "mfu": meas["update_flops"] / meas["update_s"] / peak,
+        **meas,
+    }
+
+
+PLANNED_PARTS = ("params_fp32", "grads_fp32", "adamw_fp32", "unsharded_layers", "logits", "vllm_asleep")
+
+
+def _planned(cfg, model_path: str, gpu: str, prompt_len_mean: float) -> dict:
+    """The planner's memory prediction (train/plan.py) for this config at the measured prompt length."""
+    from train.plan import GPUS, arch_of, memory, workload_from_config
+
+    arch, _ = arch_of(model_path)
+    w = workload_from_config(cfg, round(prompt_len_mean))
+    mem = memory(arch, w, GPUS[gpu]["memory_gib"])
+    return {
+        "planned_update_gib": mem["peak_update"],
+        "planned_parts_gib": {k: round(mem[k], 3) for k in PLANNED_PARTS},
+        "planned_activations_gib": mem[
+            "activations_ckpt" if w.gradient_checkpointing else "activations_no_ckpt"
+        ],
+    }
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
@@ -106,7 +155,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
 
     from train.config import build_config
-    from train.plan import GPUS, arch_of, memory, workload_from_config
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as run_dir:
         overrides = [
@@ -124,14 +172,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         meter = UpdateMeter(
             trainer.policy, dims, bool(cfg.policy.share_prompts and not cfg.policy.pack_sequences)
         )
-        if device.type == "cuda":
-            spec = GPUS[args.gpu]
-            peak = (spec["bf16_tflops"] if choice.precision == "bf16" else spec["fp32_tflops"]) * 1e12
-            peak_note = f"{args.gpu} datasheet dense {choice.precision} {peak / 1e12:.0f} TFLOP/s"
-        else:
-            peak = choice.bf16_flops if choice.precision == "bf16" else choice.fp32_flops
-            peak = peak or 1.0
-            peak_note = f"measured {choice.precision} matmul {peak / 1e9:.0f} GFLOP/s"
+        peak, peak_note = _peak(args.gpu, device, choice)
         header = {
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "torch": torch.__version__,
@@ -150,37 +191,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     raise SystemExit(
                         f"step {step}: Policy.train_step was never called (nothing was measured)"
                     )
-                row = {
-                    "step": step,
-                    "pg_loss": m.get("actor/pg_loss"),
-                    "reward_mean": m.get("train/reward_mean"),
-                    "accuracy": m.get("train/accuracy"),
-                    "grad_norm": m.get("actor/grad_norm"),
-                    "response_length_mean": m.get("train/response_length_mean"),
-                    "rollout_s": m.get("timing/rollout_s"),
-                    "compiled_frames": compiled_frames() - frames_before,
-                    "mfu": meas["update_flops"] / meas["update_s"] / peak,
-                    **meas,
-                }
+                row = _step_row(step, m, meas, compiled_frames() - frames_before, peak)
                 if device.type == "cuda":  # the planner at the lengths this step actually had
-                    arch, _ = arch_of(str(trainer.model_path))
-                    w = workload_from_config(cfg, round(meas["prompt_len_mean"]))
-                    mem = memory(arch, w, GPUS[args.gpu]["memory_gib"])
-                    row["planned_update_gib"] = mem["peak_update"]
-                    row["planned_parts_gib"] = {
-                        k: round(mem[k], 3)
-                        for k in (
-                            "params_fp32",
-                            "grads_fp32",
-                            "adamw_fp32",
-                            "unsharded_layers",
-                            "logits",
-                            "vllm_asleep",
-                        )
-                    }
-                    row["planned_activations_gib"] = mem[
-                        "activations_ckpt" if w.gradient_checkpointing else "activations_no_ckpt"
-                    ]
+                    row |= _planned(cfg, str(trainer.model_path), args.gpu, meas["prompt_len_mean"])
                 steps.append(row)
                 print(json.dumps(row), flush=True)
         finally:
