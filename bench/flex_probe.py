@@ -9,7 +9,7 @@ the compiled FlexAttention forward (cold, then warm), and a forward + backward (
 Qwen3-4B's heads (32 query, 8 key/value, head_dim 128) in bf16 on a GPU, fp32 and small heads on the CPU.
 A stage that runs past `--stage-s` dumps every thread's Python stack (faulthandler) and the probe goes on
 waiting, so the log says where the time went. The shared-prompt layout's first micro-batch stalled on an H200
-inside the policy (README, GPU); this separates the mask, the kernel's compilation and its run.
+inside the policy (docs/gpu.md); this separates the mask, the kernel's compilation and its run.
 tests/test_flex_probe.py runs it on the CPU (forward only there: torch has no CPU FlexAttention backward).
 """
 

@@ -221,35 +221,11 @@ def submit(
     executor = make_executor(launcher, sweep_dir / "logs", cluster, checked=True)
     if launcher == "slurm":
         executor.update_parameters(job_name=sweep_id)
-    from infra.tracking import Tracker
-
-    tags = {"rlpost.sweep": sweep_id, "rlpost.experiment": experiment, "rlpost.kind": "sweep", **git_state()}
-    tags["rlpost.scheduler"] = launcher if launcher == "local" else f"slurm:{cluster or 'local'}"
-    parent = Tracker()
-    parent_id = parent.start(experiment, sweep_id, tags=tags)
-    parent.log_params(
-        {
-            "sweep.launcher": launcher,
-            "sweep.cluster": cluster or "",
-            "sweep.points": len(points),
-            "sweep.overrides": " ".join(overrides or []),
-        }
-    )
+    parent, tags = _open_parent_run(experiment, sweep_id, launcher, cluster, overrides or [], len(points))
+    parent_id = parent.run_id
     max_parallel = int((exp.get("sweep", {}) or {}).get("max_parallel", 0) or 0) if launcher == "local" else 0
     slots = str(sweep_dir / "slots")
-    entries = []
-    for point, cfg in points:
-        slug = point_slug(point)
-        cfg.run_name = f"{experiment}-{slug}"
-        cfg.run_dir = str(sweep_dir / "runs" / slug)
-        cfg.resume = True  # every attempt (requeue, --resume) continues from the latest checkpoint
-        cfg.parent_run_id = parent_id
-        cfg.tags = {**tags, "rlpost.kind": "train", "rlpost.grid_point": json.dumps(point)}
-        run_dir = Path(cfg.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / POINT_CONFIG).write_text(redacted_yaml(cfg))
-        write_status(run_dir, "submitted")
-        entries.append({"point": point, "run_dir": cfg.run_dir, "run_name": cfg.run_name})
+    entries = [_write_point(experiment, sweep_dir, point, cfg, parent_id, tags) for point, cfg in points]
     t0 = time.time()
     jobs = _submit_points(executor, [Path(e["run_dir"]) for e in entries], slots, max_parallel)
     submit_s = time.time() - t0
@@ -273,6 +249,42 @@ def submit(
     }
     _write_sweep_json(sweep_dir, info)
     return info
+
+
+def _open_parent_run(
+    experiment: str, sweep_id: str, launcher: str, cluster: str | None, overrides: list[str], n_points: int
+) -> tuple:
+    """The sweep's MLflow parent run (a Tracker) (its points' runs are children) and the tags every point inherits."""
+    from infra.tracking import Tracker
+
+    tags = {"rlpost.sweep": sweep_id, "rlpost.experiment": experiment, "rlpost.kind": "sweep", **git_state()}
+    tags["rlpost.scheduler"] = launcher if launcher == "local" else f"slurm:{cluster or 'local'}"
+    parent = Tracker()
+    parent.start(experiment, sweep_id, tags=tags)
+    parent.log_params(
+        {
+            "sweep.launcher": launcher,
+            "sweep.cluster": cluster or "",
+            "sweep.points": n_points,
+            "sweep.overrides": " ".join(overrides),
+        }
+    )
+    return parent, tags
+
+
+def _write_point(experiment: str, sweep_dir: Path, point: dict, cfg, parent_id: str, tags: dict) -> dict:
+    """A point's run folder with the full config every (re)submission runs; its sweep.json entry."""
+    slug = point_slug(point)
+    cfg.run_name = f"{experiment}-{slug}"
+    cfg.run_dir = str(sweep_dir / "runs" / slug)
+    cfg.resume = True  # every attempt (requeue, --resume) continues from the latest checkpoint
+    cfg.parent_run_id = parent_id
+    cfg.tags = {**tags, "rlpost.kind": "train", "rlpost.grid_point": json.dumps(point)}
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / POINT_CONFIG).write_text(redacted_yaml(cfg))
+    write_status(run_dir, "submitted")
+    return {"point": point, "run_dir": cfg.run_dir, "run_name": cfg.run_name}
 
 
 def _submit_points(executor, run_dirs: list[Path], slots: str, max_parallel: int) -> list:

@@ -25,7 +25,7 @@ def pytest_addoption(parser) -> None:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """`make test` leaves out the tests marked `heavy` (deselected, counted in pytest's summary line);
-    `make test-all` (`pytest --heavy`) runs them too. What is heavy is listed in README's Tests section."""
+    `make test-all` (`pytest --heavy`) runs them too. What is heavy is listed in docs/commands.md's Tests section."""
     if config.getoption("--heavy"):
         return
     heavy = [item for item in items if item.get_closest_marker("heavy")]

@@ -184,7 +184,7 @@ def test_flex_attention_log_probs_equal_sdpa(tiny_model, dist_group, layout):
 
 
 def test_every_paper_preset_trains_packed_rows():
-    """The GPU presets use the layout measured at their shapes on an H200 (README, GPU), not the
+    """The GPU presets use the layout measured at their shapes on an H200 (docs/gpu.md), not the
     shared-prompt units that stalled there."""
     from infra.models import PROJECT_ROOT
     from train.config import build_config, load_experiment

@@ -16,7 +16,7 @@ from tests.torchrun import run_worker
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 @pytest.mark.parametrize("mode", ["export", "prune"])
 def test_slow_file_work_on_rank_0_does_not_time_out_the_others(tiny_model, tmp_path, mode):
     run_worker("slow_io_worker.py", 2, str(tiny_model), str(tmp_path), mode, timeout=600)

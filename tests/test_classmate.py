@@ -304,7 +304,7 @@ def completions_server(tiny_model, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_served_classmate_reward(completions_server, tiny_model):
     from hydra.utils import instantiate
 

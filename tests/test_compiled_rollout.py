@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-all (README, Tests)
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-all (docs/commands.md, Tests)
 
 # One engine start in a fresh process (vLLM and inductor keep compiled state per process): greedy samples,
 # how many AOT artifacts it loaded, and how far its log-probs are from the trainer's after a sync of weights

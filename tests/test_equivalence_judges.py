@@ -206,7 +206,7 @@ def classify_server(pair_classifier, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_vllm_classify_server_matches_in_process_classifier(pair_classifier, classify_server):
     hf = PairClassifierJudge(
         pair_classifier, batch_size=8, input_format="darling_text"

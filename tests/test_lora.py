@@ -266,7 +266,7 @@ def test_checkpoint_holds_adapters_and_exports_a_peft_folder_or_merged_weights(
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_two_gloo_ranks_train_the_adapters_as_one_and_resume_at_one(tiny_model, tmp_path):
     """FSDP2 over 2 gloo ranks: the adapters after one step equal one rank's on the whole batch, the frozen
     base is the reference, and the 2-rank checkpoint (adapters + AdamW state, sharded) resumes at 1 rank."""

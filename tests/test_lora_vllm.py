@@ -99,7 +99,7 @@ def test_evals_serve_a_lora_checkpoint_merged_onto_its_base(tiny_model, dist_gro
     assert got == want
 
 
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_classmate_trains_adapters_with_merged_sync_into_a_plain_engine(tiny_model, vllm_engine, tmp_path):
     """Classmate-CoT (GDPO, token-level classmate advantages) under LoRA, rolled out by a vLLM engine started
     without adapters: the merged weights are streamed in and the engine then generates the merged policy's

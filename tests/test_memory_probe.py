@@ -24,7 +24,7 @@ def test_lengths_are_long_tailed_and_one_row_reaches_the_maximum():
     assert memory_probe.response_lengths(64, 8192) == lengths  # the same batch every run
 
 
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_every_layout_runs_under_the_planners_peak(tmp_path, dist_group):
     out = tmp_path / "probe.json"
     rows = memory_probe.main([*TINY, "--out", str(out)])

@@ -23,7 +23,7 @@ def big_model(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("big") / "model", hidden_size=1024, num_layers=4)
 
 
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_a_non_zero_rank_holds_half_the_model_while_building(tiny_model, big_model, tmp_path):
     out = tmp_path / "rss.json"
     run_worker("meta_build_worker.py", 2, str(tiny_model), str(big_model), str(out))

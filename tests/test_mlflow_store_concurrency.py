@@ -94,7 +94,7 @@ def test_concurrent_first_users_of_a_new_store_all_succeed(tmp_path, n):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_concurrent_first_users_upgrade_an_old_schema_once(tmp_path):
     import mlflow
     import sqlalchemy
@@ -185,7 +185,7 @@ print(reads)
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_readers_while_a_trainer_evals_and_taggers_write(tmp_path):
     import mlflow
 

@@ -11,7 +11,7 @@ from tests.torchrun import run_worker
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_padding_micro_batches_take_the_real_ones_path(tiny_model, tmp_path):
     run_worker("padding_worker.py", 2, str(tiny_model), str(tmp_path), timeout=240)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -14,7 +14,7 @@ from tests import paper_ranks_worker as worker
 from tests.paper_ranks_worker import LORA
 from tests.torchrun import run_worker
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-all (README, Tests)
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-all (docs/commands.md, Tests)
 
 
 @pytest.fixture(scope="module")

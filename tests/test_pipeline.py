@@ -146,7 +146,7 @@ def _stage_runs(client, experiment: str, stage: str) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_sft_then_grpo_sweep_points_and_reruns_train_sft_once(
     experiments, tiny_model, dist_group, mlflow_uri, tmp_path, capsys
 ):
@@ -184,7 +184,7 @@ def test_sft_then_grpo_sweep_points_and_reruns_train_sft_once(
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_two_concurrent_jobs_train_a_shared_stage_once(experiments, tiny_model, mlflow_uri, tmp_path):
     import mlflow
 

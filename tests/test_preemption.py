@@ -158,7 +158,7 @@ def test_a_step_longer_than_the_grace_is_abandoned(tiny_model, tmp_path):
     assert run.info.status == "KILLED"
 
 
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_usr2_to_every_process_of_a_two_rank_job_is_handled_once_by_the_launcher(tiny_model, tmp_path):
     """submitit's USR2 reaches every process of the job (torchrun and its ranks too). Before: torchrun and
     the ranks died of it, no checkpoint. Now the launcher handles it once; both ranks stop after the same

@@ -94,7 +94,7 @@ def test_floor_budget_report_states_what_the_goal_leaves_beside_the_gemms():
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_make_bench_profile_runs_a_tiny_step_end_to_end(tmp_path):
     """`python -m bench.profile_step` on the tiny model: one profiled step (vLLM rollout, FSDP2 update) and every
     section of its report, the products at the step's own shapes included."""

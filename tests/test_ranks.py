@@ -59,7 +59,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_two_nodes_train_one_world(tiny_model, tmp_path, rank_env):
     """Two 'nodes' on this machine, one rank each, meet at the rendezvous and train one step together."""
     cfg = _cfg(tiny_model, tmp_path / "run")
@@ -80,7 +80,7 @@ def test_two_nodes_train_one_world(tiny_model, tmp_path, rank_env):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, rank_env):
     from orchestration.job import TrainPoint, read_status
 
@@ -91,7 +91,7 @@ def test_a_sweep_job_with_world_size_2_starts_its_ranks(tiny_model, tmp_path, ra
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_a_checkpoint_saved_by_two_ranks_resumes_on_one(tiny_model, tmp_path, rank_env, dist_group):
     """Each of 2 ranks writes its own DCP shards; a 1-rank job resumes them (resharded) and trains on."""
     import torch

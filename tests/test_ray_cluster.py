@@ -51,7 +51,7 @@ def _probe(run_dir: str):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_ray_head_and_worker_in_a_two_task_job_place_reward_actors_on_both(tmp_path, monkeypatch):
     import submitit
 

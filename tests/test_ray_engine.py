@@ -22,7 +22,7 @@ def _max_diff(a: list[list[float]], b: torch.Tensor) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_vllm_engines_in_ray_actors_sample_and_sync_like_the_trainer(tiny_model, dist_group):
     import ray
 

@@ -1,4 +1,4 @@
-"""The README's table of the H100 paper-shape probe says what the raw files under bench/results/ say."""
+"""docs/gpu.md's table of the H100 paper-shape probe says what the raw files under bench/results/ say."""
 
 import json
 import re
@@ -16,7 +16,7 @@ def _row(readme: str, label: str) -> list[str]:
 
 
 def test_the_h100_layout_table_matches_the_probe_files():
-    readme = (PROJECT_ROOT / "README.md").read_text()
+    readme = (PROJECT_ROOT / "docs" / "gpu.md").read_text()
     for label, name in ROWS.items():
         raw = json.loads((RAW / name).read_text())["layouts"][0]
         _, logprobs, update, peak, free = _row(readme, label)

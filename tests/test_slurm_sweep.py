@@ -51,7 +51,7 @@ def stop_and_time(job: dict, command: list[str]) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_slurm_sweep_survives_preemption_requeue_and_kill(slurm_cluster, tiny_model, tmp_path):
     """Seed 1: submitit's USR2 (preemption / time limit warning): the step finishes, a checkpoint is written,
     then submitit requeues the job. Seed 2: `scontrol requeue` (SIGTERM, SIGKILL after KillWait): the same
@@ -171,7 +171,7 @@ sweep:
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_two_task_slurm_job_trains_with_ray_engines_and_reward_workers_on_both_nodes(
     slurm_cluster, tiny_model, tmp_path
 ):
@@ -196,7 +196,7 @@ def test_two_task_slurm_job_trains_with_ray_engines_and_reward_workers_on_both_n
     assert child.data.metrics["timing/weight_sync_s"] > 0  # weights went to the actors after each update
 
 
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_start_script_clears_jobs_left_by_a_cluster_that_died(slurm_cluster, tmp_path):
     """A machine stopped mid-test leaves jobs RUNNING in slurmctld's saved state with no process behind
     them: the node stays ALLOCATED, RESUME is refused and no srun starts (the CI failure of 2026-11-25).

@@ -184,7 +184,7 @@ def test_job_table_shows_each_points_state_step_and_last_metrics(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_sigkilled_local_job_is_dead_then_resumes_in_its_mlflow_run(tiny_model, tmp_path):
     """SIGKILL leaves status.json at `running`: --status must say dead (controller pid gone), MLflow
     marks it KILLED, and --resume continues from the checkpoint in the same run, no step twice or lost."""
@@ -310,7 +310,7 @@ sys.exit(orchestration.sweep.main(sys.argv[3:]))
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-all: a long integration run (README, Tests)
+@pytest.mark.heavy  # make test-all: a long integration run (docs/commands.md, Tests)
 def test_sweeps_started_in_the_same_second_never_share_a_folder(tmp_path):
     """Three `make sweep` of one experiment released in the same second, each with its own learning
     rate: three sweep ids, each folder holding only its own sweep.json, jobs and frozen point config."""

@@ -3,7 +3,7 @@ rollout engine wakes and takes the weights (verl's `set_expandable_segments`: Fa
 resumes, True once it sleeps again).
 
 Why: an update's peak is its live tensors plus the fragmentation of the allocator's fixed segments: measured
-reserved / planned 1.09 (shared layout) and 1.20 (plain layout) at 6 layers of Qwen3-4B (README, GPU).
+reserved / planned 1.09 (shared layout) and 1.20 (plain layout) at 6 layers of Qwen3-4B (docs/gpu.md).
 Expandable segments grow one mapping per stream instead of leaving gaps between fixed blocks. vLLM's sleep
 allocator (CuMemAllocator) maps its own memory and does not mix with them, so they are off from the weight
 sync (the engine's wake-up) to the end of generation. A no-op without CUDA; the state is kept all the same,
