@@ -11,9 +11,10 @@ from train.flops import ModelDims, StepWork, _causal_attn_flops, generation_flop
 DIMS = ModelDims(body_params=1000, hidden=4, vocab=10, layers=2, attn_dim=3)
 
 
-def _steps(columns: str, *rows: tuple) -> list[dict]:
-    """Per-step records as a table: `columns` names the keys, each row one step's values."""
-    return [dict(zip(columns.split(), row, strict=True)) for row in rows]
+def _steps(columns: str, *rows: tuple, **same) -> list[dict]:
+    """Per-step records as a table: `columns` names the keys, each row one step's values; `same` are the
+    values every step shares."""
+    return [{**dict(zip(columns.split(), row, strict=True)), **same} for row in rows]
 
 
 def test_causal_attention_flops_sum_positions():
@@ -52,12 +53,13 @@ def test_flops_of_smollm2_sized_step_are_plausible():
 
 def test_summarize_medians_after_warmup_and_rates():
     steps = _steps(
-        "step_s rollout_s reward_s update_s weight_sync_s prompt_tokens response_tokens",
-        (100.0, 50.0, 1.0, 40.0, 9.0, 400, 200),
-        (10.0, 4.0, 1.0, 5.0, 0.0, 400, 200),
-        (12.0, 4.0, 1.0, 6.0, 1.0, 400, 200),
-        (14.0, 5.0, 1.0, 8.0, 0.0, 400, 200),
-    )
+        "step_s rollout_s update_s weight_sync_s",
+        (100.0, 50.0, 40.0, 9.0),
+        (10.0, 4.0, 5.0, 0.0),
+        (12.0, 4.0, 6.0, 1.0),
+        (14.0, 5.0, 8.0, 0.0),
+        reward_s=1.0, prompt_tokens=400, response_tokens=200,
+    )  # fmt: skip
     s = summarize(steps, warmup=1)
     assert s["step_s"] == 12.0 and s["rollout_s"] == 4.0 and s["update_s"] == 6.0
     assert s["rollout_tokens_per_s"] == pytest.approx(50.0)  # median of 200/4, 200/4, 200/5
@@ -116,11 +118,12 @@ def test_response_lens_spread_totals():
 def test_kernel_usage_rows_per_side():
     """System time and minor faults per step (medians after warm-up) are rows of the table for both sides."""
     steps = _steps(
-        "step_s rollout_s update_s prompt_tokens response_tokens sys_s minor_faults",
-        (9.0, 4.0, 5.0, 4, 2, 9.0, 900_000),
-        (5.0, 2.0, 3.0, 4, 2, 1.5, 200_000),
-        (6.0, 2.0, 4.0, 4, 2, 2.5, 300_000),
-    )
+        "step_s rollout_s update_s sys_s minor_faults",
+        (9.0, 4.0, 5.0, 9.0, 900_000),
+        (5.0, 2.0, 3.0, 1.5, 200_000),
+        (6.0, 2.0, 4.0, 2.5, 300_000),
+        prompt_tokens=4, response_tokens=2,
+    )  # fmt: skip
     s = summarize(steps, warmup=1)
     assert s["sys_s"] == 2.0 and s["minor_faults"] == 250_000
     lines = format_table({"ours": s, "trl": {**s, "sys_s": 8.0, "minor_faults": 1_000_000}}).splitlines()
