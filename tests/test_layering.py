@@ -39,7 +39,6 @@ TRAIN_USED_ABOVE = {
     "evals": (
         "train.rollout",  # the rollout engine generates the eval samples (one vLLM engine wrapper)
         "train.diversity.partition",  # the novelty eval measures with the training reward's partitioner
-        "infra.executors",  # evals.watch submits eval jobs through training's executors (Slurm, local)
         "train.env",  # evals.math --tools answers with the training rollout's tools and agent loop
     ),
     "analysis": ("train.config",),  # the arms of a sweep are read from their experiment file
