@@ -52,13 +52,6 @@ def test_config_errors_name_the_key():
     validate(build_config(overrides=fmt))
 
 
-@pytest.fixture()
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def _overrides(model: Path, run_dir: Path, rounds: int, *extra: str) -> list[str]:
     return [
         f"model.path={model}", f"run_dir={run_dir}", f"total_steps={rounds}", "save_every=1", "keep_last=1",

@@ -133,13 +133,6 @@ def test_sweep_of_a_staged_experiment_submits_pipeline_points():
     assert [list(cfg.overrides) for _, cfg in points] == [["grpo.seed=1"], ["grpo.seed=2"]]
 
 
-@pytest.fixture()
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def _stage_runs(client, experiment: str, stage: str) -> list:
     exp = client.get_experiment_by_name(experiment)
     return client.search_runs([exp.experiment_id], filter_string=f"tags.`rlpost.stage` = '{stage}'")

@@ -45,13 +45,6 @@ def _overrides(model: Path, run_dir: Path, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.fixture()
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
 def _history(run_id: str) -> dict[str, dict[int, float]]:
     import mlflow
 
