@@ -104,17 +104,31 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     return groups
 
 
+def _responses(
+    response_ids: list[list[int]], rows: list[int], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' responses left-aligned in (b, R) (R the longest, at least 1; pad_id after) and their mask,
+    as every layout hands them to the loss."""
+    R = max(max(len(response_ids[i]) for i in rows), 1)
+    response = torch.full((len(rows), R), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(rows), R), dtype=torch.float32)
+    for k, i in enumerate(rows):
+        r = response_ids[i]
+        if r:
+            response[k, : len(r)] = torch.tensor(r, dtype=torch.long)
+            response_mask[k, : len(r)] = 1.0
+    return response, response_mask
+
+
 def collate(
     prompt_ids: list[list[int]], response_ids: list[list[int]], rows: list[int], pad_id: int
 ) -> MicroBatch:
     """Build one micro-batch from the given rows (see the module docstring for the layout)."""
     P = max(len(prompt_ids[i]) for i in rows)
-    R = max(max(len(response_ids[i]) for i in rows), 1)
-    b = len(rows)
+    response, response_mask = _responses(response_ids, rows, pad_id)
+    b, R = response.shape
     input_ids = torch.full((b, P + R), pad_id, dtype=torch.long)
     attention = torch.zeros((b, P + R), dtype=torch.long)
-    response = torch.full((b, R), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((b, R), dtype=torch.float32)
     for k, i in enumerate(rows):
         p, r = prompt_ids[i], response_ids[i]
         input_ids[k, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
@@ -122,8 +136,6 @@ def collate(
         if r:
             input_ids[k, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
             attention[k, P : P + len(r)] = 1
-            response[k, : len(r)] = torch.tensor(r, dtype=torch.long)
-            response_mask[k, : len(r)] = 1.0
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return MicroBatch(
         rows=torch.tensor(rows, dtype=torch.long),
@@ -189,15 +201,13 @@ def collate_shared(
     to be built on the device from `segments` (a FlexAttention block mask: attention.py)."""
     P = max(len(prompt_ids[u[0]]) for u in units)
     T = P + max(_unit_length(prompt_ids, response_ids, u) - len(prompt_ids[u[0]]) for u in units)
-    R = max(max(len(response_ids[i]) for u in units for i in u), 1)
     U = len(units)
     input_ids = torch.full((U, T), pad_id, dtype=torch.long)
     segment = torch.full((U, T), -1, dtype=torch.long)  # 0 prompt, j+1 response j, -1 padding
     position_ids = torch.zeros((U, T), dtype=torch.long)
     rows = [i for u in units for i in u]
-    b = len(rows)
-    response = torch.full((b, R), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((b, R), dtype=torch.float32)
+    response, response_mask = _responses(response_ids, rows, pad_id)
+    b, R = response.shape
     gather_unit = torch.zeros((b, R), dtype=torch.long)
     gather_col = torch.zeros((b, R), dtype=torch.long)  # columns of keep = positions P-1 .. T-2
     k = 0
@@ -215,8 +225,6 @@ def collate_shared(
                 input_ids[u, start : start + n] = torch.tensor(r, dtype=torch.long)
                 segment[u, start : start + n] = j + 1
                 position_ids[u, start : start + n] = L + torch.arange(n)
-                response[k, :n] = torch.tensor(r, dtype=torch.long)
-                response_mask[k, :n] = 1.0
                 # token t >= 1 is predicted at position start + t - 1, i.e. column start + t - P
                 gather_col[k, 1:n] = start - P + 1 + torch.arange(n - 1)
             gather_unit[k] = u
@@ -281,13 +289,11 @@ def collate_packed(
     Response k's token t is predicted at its sequence's offset + len(prompt) + t - 1; `keep` lists those
     positions for all rows and `gather_col[k, t]` is the index of token t's position in `keep`.
     """
-    R = max(max(len(response_ids[i]) for i in rows), 1)
-    b = len(rows)
+    response, response_mask = _responses(response_ids, rows, pad_id)
+    b, R = response.shape
     ids: list[int] = []
     positions: list[int] = []
     keep: list[int] = []
-    response = torch.full((b, R), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((b, R), dtype=torch.float32)
     gather_col = torch.zeros((b, R), dtype=torch.long)
     for k, i in enumerate(rows):
         p, r = prompt_ids[i], response_ids[i]
@@ -297,8 +303,6 @@ def collate_packed(
         if r:
             gather_col[k, : len(r)] = len(keep) + torch.arange(len(r))
             keep += list(range(start + len(p) - 1, start + len(p) + len(r) - 1))
-            response[k, : len(r)] = torch.tensor(r, dtype=torch.long)
-            response_mask[k, : len(r)] = 1.0
     if not keep:  # no response token at all: keep one column so the LM head output is not empty
         keep = [len(ids) - 1]
     return MicroBatch(
