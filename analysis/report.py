@@ -135,40 +135,67 @@ def build_report(experiment: str, out_dir: Path, sweep: str | None = None, uri: 
     fig_dir.mkdir(exist_ok=True)
     for old in fig_dir.glob("*.png"):
         old.unlink()
-    sections: list[tuple[str, str]] = []
     # a result is a finished run: a killed or running one holds its last logged values (step 0's val/*)
     finished = runs[runs["status"] == "FINISHED"].reset_index(drop=True) if "status" in runs else runs
     order = arm_order(finished, arms)
+    sections = _comparison_sections(experiment, runs, finished, arms, order, headline, out_dir, fig_dir, uri)
+    sections += _leaderboard_sections(runs, compared=len(order) >= 2, out_dir=out_dir, uri=uri)
+    sections += _figure_sections(runs, fig_dir, uri)
+    if runs.empty:
+        sections.append(("No runs", "<p>The experiment has no runs yet.</p>"))
+    sections.append(
+        ("Samples behind the numbers", report_links(runs, order, metric_columns(runs)))
+    )  # analysis.view
+    page = out_dir / "index.html"
+    page.write_text(_page(experiment, runs, sections, uri, sweep))
+    return page
+
+
+def _comparison_sections(
+    experiment, runs, finished, arms, order, headline, out_dir, fig_dir, uri
+) -> list[tuple[str, str]]:
+    """The arm comparison of the finished runs where two arms have some, else a note on the declared arms."""
     if len(order) >= 2:
         sweeps = sorted({str(s) for s in finished.get("sweep", []) if s})
         selection = f"sweep {', '.join(sweeps)}" if sweeps else "runs outside sweeps"
-        arm_sections = _arm_sections(
+        sections = _arm_sections(
             experiment, finished, arms, order, headline, out_dir, fig_dir, uri, selection
         )
-        title, content = arm_sections[0]
-        arm_sections[0] = (title, _unfinished_note(runs) + content)
-        sections += arm_sections
-    elif arms:
+        title, content = sections[0]
+        sections[0] = (title, _unfinished_note(runs) + content)
+        return sections
+    if arms:
         declared = "; ".join(f"{a}: {v}" for a, v in arms.items())
-        sections.append(
+        return [
             (
                 "Arms",
                 f"<p>No two arms have finished runs yet (declared: {html.escape(declared)}).</p>"
                 + _unfinished_note(runs),
             )
-        )
+        ]
+    return []
 
+
+def _leaderboard_sections(runs, compared: bool, out_dir: Path, uri) -> list[tuple[str, str]]:
+    """The per-run leaderboard (the leaderboard itself when there is no arm comparison) and, where runs
+    saved checkpoints, the per-checkpoint one; each also written as files."""
     board = build(runs, label="run")
     write(board, out_dir, "leaderboard_runs")
-    if len(order) < 2:  # no arm comparison: the per-run table is the leaderboard
+    if not compared:  # no arm comparison: the per-run table is the leaderboard
         write(board, out_dir, "leaderboard")
-    sections.append(("Leaderboard (latest value per run)", to_html(board)))
+    sections = [("Leaderboard (latest value per run)", to_html(board))]
     ckpts = checkpoint_table(runs, uri)
     if not ckpts.empty:
         ck_board = build(ckpts, label="checkpoint")
         write(ck_board, out_dir, "leaderboard_checkpoints")
         sections.append(("Leaderboard per checkpoint", to_html(ck_board)))
+    return sections
 
+
+def _figure_sections(runs, fig_dir: Path, uri) -> list[tuple[str, str]]:
+    """Training curves, eval metrics per checkpoint step, diversity against quality, NoveltyBench by
+    category: each where some run logged its metrics."""
+    sections = []
     columns = metric_columns(runs)
     run_ids = list(runs["run_id"])
     curve_keys = [k for k in TRAIN_CURVES if k in columns] + [k for k in columns if k.startswith("reward/")]
@@ -201,15 +228,7 @@ def build_report(experiment: str, out_dir: Path, sweep: str | None = None, uri: 
             for m in ("distinct", "utility")
         ]
         sections.append(("NoveltyBench by category", _figs(imgs)))
-
-    if runs.empty:
-        sections.append(("No runs", "<p>The experiment has no runs yet.</p>"))
-    sections.append(
-        ("Samples behind the numbers", report_links(runs, order, metric_columns(runs)))
-    )  # analysis.view
-    page = out_dir / "index.html"
-    page.write_text(_page(experiment, runs, sections, uri, sweep))
-    return page
+    return sections
 
 
 def headline_metrics(table: pd.DataFrame) -> list[str]:
