@@ -39,6 +39,19 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
 
+def step_sampling(rollout, run_seed: int, step: int, rank: int, gen_batch: int = 0) -> SamplingConfig:
+    """The `rollout` config's sampling for one step of a training loop, its seed distinct per step, rank and
+    generation batch (`gen_batch` > 0 only under DAPO dynamic sampling)."""
+    return SamplingConfig(
+        n=rollout.n,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=rollout.max_new_tokens,
+        seed=(run_seed * 1_000_003 + step) * 4096 + rank * 1024 + (gen_batch << 40),
+    )
+
+
 @dataclass
 class TurnOutput:
     """One finished request of an engine's turn-level API (`submit` / `step`): what the model sampled."""

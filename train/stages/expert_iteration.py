@@ -33,7 +33,7 @@ from train.heldout_metrics import heldout_metrics
 from train.loop import TrainingLoop, build_engine
 from train.policy.distributed import all_gather_objects, all_reduce_sum
 from train.rewards.base import RewardResult
-from train.rollout.base import SamplingConfig
+from train.rollout.base import SamplingConfig, step_sampling
 from train.rollout.weight_sync import sync_weights
 from train.stages.common import heldout_pass, peak_memory_gb, shard
 from train.stages.sft import sft_update
@@ -97,18 +97,10 @@ class ExpertIterationTrainer(TrainingLoop):
         return bool(self.cfg.data.val_path)
 
     def _sampling(self, step: int) -> SamplingConfig:
-        r = self.cfg.rollout
-        return SamplingConfig(
-            n=r.n,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_new_tokens=r.max_new_tokens,
-            seed=(self.cfg.seed * 1_000_003 + step) * 4096 + self.rank * 1024,
-        )
+        return step_sampling(self.cfg.rollout, self.cfg.seed, step, self.rank)
 
     def step(self, step: int) -> dict[str, float]:
-        cfg, ei = self.cfg, self.cfg.ei
+        ei = self.cfg.ei
         t0 = time.perf_counter()
         mine = shard(self.sampler.batch(step), self.rank, self.world)
         rollout = self.engine.generate([self.prompt_ids[i] for i in mine], self._sampling(step))
@@ -128,22 +120,7 @@ class ExpertIterationTrainer(TrainingLoop):
             }
         )
         pool = [pair for p in parts for pair in p["kept"]]
-        losses, tokens, updates = [], 0, 0
-        for batch in sft_batches(len(pool), ei.batch_size, ei.sft_epochs, cfg.seed * 100_003 + step):
-            if len(batch) < self.world:
-                continue  # a short last batch with fewer samples than ranks
-            here = [pool[i] for i in shard(batch, self.rank, self.world)]
-            m = sft_update(
-                self.policy,
-                [p for p, _ in here],
-                [r for _, r in here],
-                self.world,
-                ei.loss_normalization,
-                ei.normalize_constant,
-            )
-            losses.append(m["sft/loss"])
-            tokens += sum(len(p) + len(r) for p, r in here)
-            updates += 1
+        losses, tokens, updates = self._sft_round(pool, step)
         t3 = time.perf_counter()
         if updates:
             sync_weights(self.policy, self.engine)
@@ -173,6 +150,28 @@ class ExpertIterationTrainer(TrainingLoop):
         for key in parts[0]["metrics"]:
             out[f"reward/{key}"] = statistics.fmean(p["metrics"][key] for p in parts)
         return out
+
+    def _sft_round(self, pool: list[tuple[list[int], list[int]]], step: int) -> tuple[list[float], int, int]:
+        """SFT on the round's kept (prompt, response) pairs, ei.sft_epochs passes of ei.batch_size: the
+        losses, this rank's trained tokens and the optimizer steps taken."""
+        ei = self.cfg.ei
+        losses, tokens, updates = [], 0, 0
+        for batch in sft_batches(len(pool), ei.batch_size, ei.sft_epochs, self.cfg.seed * 100_003 + step):
+            if len(batch) < self.world:
+                continue  # a short last batch with fewer samples than ranks
+            here = [pool[i] for i in shard(batch, self.rank, self.world)]
+            m = sft_update(
+                self.policy,
+                [p for p, _ in here],
+                [r for _, r in here],
+                self.world,
+                ei.loss_normalization,
+                ei.normalize_constant,
+            )
+            losses.append(m["sft/loss"])
+            tokens += sum(len(p) + len(r) for p, r in here)
+            updates += 1
+        return losses, tokens, updates
 
     def validate(self, step: int) -> dict[str, float]:
         """Held-out prompts scored by the training reward (GRPO's `val/*`): greedy, or data.val_n samples."""

@@ -49,7 +49,7 @@ from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
 from train.rollout.agent_loop import env_metrics, zero_failed_trajectories
-from train.rollout.base import SamplingConfig
+from train.rollout.base import SamplingConfig, step_sampling
 from train.rollout.weight_sync import sync_weights
 from train.stages.common import heldout_pass
 
@@ -270,17 +270,7 @@ class GRPOTrainer(TrainingLoop):
 
     def _sampling(self, step: int, gen_batch: int = 0) -> SamplingConfig:
         """`gen_batch`: the generation batch of the step (> 0 only under DAPO dynamic sampling)."""
-        r = self.cfg.rollout
-        # distinct per step, rank and generation batch
-        seed = (self.cfg.seed * 1_000_003 + step) * 4096 + self.rank * 1024 + (gen_batch << 40)
-        return SamplingConfig(
-            n=r.n,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_new_tokens=r.max_new_tokens,
-            seed=seed,
-        )
+        return step_sampling(self.cfg.rollout, self.cfg.seed, step, self.rank, gen_batch)
 
     # ------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
