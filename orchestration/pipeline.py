@@ -178,38 +178,45 @@ def plan(
                 f"stages.{name}.model_from={upstream!r}: must name an earlier stage ({names[:i]})"
             )
         key = stage_key(spec._target_, cfg, planned[upstream].key if upstream else None)
-        tags = {"rlpost.pipeline": experiment, "rlpost.stage": name, "rlpost.stage_key": key}
-        if final is not None and final.get("run_dir") and i == len(names) - 1:
-            place = {
-                k: final[k] for k in ("run_dir", "run_name", "parent_run_id") if final.get(k) is not None
-            }
-            tags = {**tags, **dict(final.get("tags") or {})}
-        else:
-            shared = {
-                k: v for k, v in dict((final or {}).get("tags") or {}).items() if k in ("rlpost.sweep",)
-            }
-            tags = {**tags, **shared, "rlpost.kind": "stage"}
-            folder = Path(cfg.output_dir).resolve() / "stages" / f"{name}-{key}"
-            place = {
-                "run_dir": cfg.run_dir or str(folder),
-                "run_name": cfg.run_name or f"{experiment}-{name}-{key[:8]}",
-                "parent_run_id": (final or {}).get("parent_run_id") or cfg.parent_run_id,
-            }
-        for k, v in place.items():
-            cfg[k] = v
-        cfg.resume = True  # an interrupted stage continues from its latest checkpoint
-        cfg.tags = {**dict(cfg.tags), **tags}
+        last = i == len(names) - 1
+        _place_stage(cfg, experiment, name, key, final if last else None, final or {})
         if upstream is not None:
-            up = planned[upstream]
-            if up.cfg.policy.lora.rank > 0 and not up.cfg.save_hf_merged:  # its hf/ is an adapter folder
-                raise ConfigError(
-                    f"stages.{name}.model_from={upstream}: stage {upstream} trains LoRA adapters "
-                    f"(policy.lora.rank={up.cfg.policy.lora.rank}) and exports them alone; pass "
-                    f"{upstream}.save_hf_merged=true so that {name} starts from merged weights"
-                )
-            cfg.model.path = str(ckpt.hf_dir(ckpt.step_dir(up.cfg.run_dir, up.cfg.total_steps)))
+            cfg.model.path = _upstream_model(name, planned[upstream])
         planned[name] = PlannedStage(name, spec._target_, stage, cfg, key, upstream)
     return list(planned.values())
+
+
+def _place_stage(cfg, experiment: str, name: str, key: str, final: dict | None, sweep: dict) -> None:
+    """Where a stage runs and what it is tagged with: the sweep's point (`final`, the last stage of a sweep
+    point) or its content-addressed folder under output_dir/stages (every other stage: reused by key)."""
+    tags = {"rlpost.pipeline": experiment, "rlpost.stage": name, "rlpost.stage_key": key}
+    if final is not None and final.get("run_dir"):
+        place = {k: final[k] for k in ("run_dir", "run_name", "parent_run_id") if final.get(k) is not None}
+        tags = {**tags, **dict(final.get("tags") or {})}
+    else:
+        shared = {k: v for k, v in dict(sweep.get("tags") or {}).items() if k in ("rlpost.sweep",)}
+        tags = {**tags, **shared, "rlpost.kind": "stage"}
+        folder = Path(cfg.output_dir).resolve() / "stages" / f"{name}-{key}"
+        place = {
+            "run_dir": cfg.run_dir or str(folder),
+            "run_name": cfg.run_name or f"{experiment}-{name}-{key[:8]}",
+            "parent_run_id": sweep.get("parent_run_id") or cfg.parent_run_id,
+        }
+    for k, v in place.items():
+        cfg[k] = v
+    cfg.resume = True  # an interrupted stage continues from its latest checkpoint
+    cfg.tags = {**dict(cfg.tags), **tags}
+
+
+def _upstream_model(name: str, up: PlannedStage) -> str:
+    """The HF folder of the upstream stage's final step (refused when it holds LoRA adapters alone)."""
+    if up.cfg.policy.lora.rank > 0 and not up.cfg.save_hf_merged:  # its hf/ is an adapter folder
+        raise ConfigError(
+            f"stages.{name}.model_from={up.name}: stage {up.name} trains LoRA adapters "
+            f"(policy.lora.rank={up.cfg.policy.lora.rank}) and exports them alone; pass "
+            f"{up.name}.save_hf_merged=true so that {name} starts from merged weights"
+        )
+    return str(ckpt.hf_dir(ckpt.step_dir(up.cfg.run_dir, up.cfg.total_steps)))
 
 
 # ---- running ------------------------------------------------------------------------------------
