@@ -58,6 +58,19 @@ def _scalar(value) -> bool:
     return value is None or isinstance(value, (int, float, bool))
 
 
+def _group_record(kind: str, step: int, group: int, row: dict, gold: str | None) -> dict:
+    """A group's record before its responses: where it comes from, its prompt and gold answer."""
+    return {
+        "kind": kind,
+        "step": step,
+        "group": group,
+        "prompt": _prompt_text(row.get("prompt", "")),
+        "data_source": str(row.get("data_source", "")),
+        "gold": gold,
+        "responses": [],
+    }
+
+
 def sample_records(
     kind: str,
     step: int,
@@ -90,15 +103,7 @@ def sample_records(
         gold = str(row.get("ground_truth", "") or "").strip() or None
         record = by_group.get(g)
         if record is None:
-            record = by_group[g] = {
-                "kind": kind,
-                "step": step,
-                "group": kept.index(g),
-                "prompt": _prompt_text(row.get("prompt", "")),
-                "data_source": str(row.get("data_source", "")),
-                "gold": gold,
-                "responses": [],
-            }
+            record = by_group[g] = _group_record(kind, step, kept.index(g), row, gold)
         response = {
             "text": texts[i],
             "answer": extract_answer(texts[i]) if gold is not None else None,
