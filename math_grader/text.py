@@ -860,16 +860,18 @@ def _set_builder(s: str) -> str:
     return s
 
 
-def normalize_answer(answer: str, strip_var: bool = True) -> str:
-    """Canonical string form of an answer, so that trivially different spellings compare equal.
-
-    strip_var=False keeps a leading 'y =' (the structural comparison needs equations intact).
-    """
+def _unwrap(answer: str) -> str:
+    """The answer without math delimiters, wrappers, a whole-answer \\boxed{} and a final full stop."""
     s = unify_spaces(str(answer)).strip().replace("\n", " ")
     s = _strip_wrappers(_strip_math_delims(s))
     boxed = last_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
     s = boxed if boxed is not None else s
     s = s.strip().rstrip(".").strip()
+    return s
+
+
+def _canonical_latex(s: str) -> str:
+    """One spelling per LaTeX command, bracket, relation and symbol (spacing commands dropped)."""
     s = re.sub(r"(?<!\\)\\,(?=\s*\\(?:text|mathrm|mbox)\b)", " ", s)  # '2.5\\,\\text{L}': space, unit
     s = re.sub(r"(?<!\\)\\[!,]|\{,\}", lambda m: "," if m.group() == "{,}" else "", s)
     s = re.sub(r"(?<!\\)\\[;: ]|~|\\q?quad(?![a-zA-Z])", " ", s)
@@ -899,6 +901,11 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     )
     s = s.replace("−", "-").replace("\\dots", "").replace("\\ldots", "")
     s = s.replace("×", "\\times ").replace("·", "\\cdot ").replace("√", "\\sqrt")
+    return s
+
+
+def _drop_units(s: str) -> str:
+    """Without degree signs, currency and percent signs, trailing units and \\text{} wrappers."""
     s = re.sub(
         r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree|\\circ)"
         r"(?:\s*(?:\\(?:text|mathrm)\s*\{\s*[CF]\s*\}|[CF](?![a-zA-Z])))?",
@@ -911,6 +918,11 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
     s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
     s = re.sub(r"\\operatorname\{([^{}]*)\}", r"\\\1", s)
+    return s
+
+
+def _words_and_sets(s: str) -> str:
+    """Number words, 'or'/'and' lists, sets and intervals, the empty set and infinity in one form."""
     s = re.sub(r"(?:,\s*)?\s(?:or|and)\s+", ",", s)
     s = _WORD_NUMBERS.get(s.strip().lower(), s)
     s = _ALL_REALS.get(s.strip().lower(), s)
@@ -922,6 +934,12 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     s = s.replace("\\mathbb{R}", "(-\\infty,\\infty)").replace("\\mathbb R", "(-\\infty,\\infty)")
     s = s.replace("\\dagger", "").replace("\\prime", "'")
     s = re.sub(r"(?<![\d}])\.(?=\d)", "0.", s)
+    return s
+
+
+def _canonical_numbers(s: str, strip_var: bool) -> str:
+    """Thousands separators, mixed numbers, fractions, roots, repeating decimals and trailing zeros in
+    one form; the spaces go (but between a command and a letter). strip_var=False keeps a leading 'y ='."""
     s = _strip_var_prefix(s) if strip_var else s
     s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\x00", s)
     s = plain_number(s) or s  # 1,000 / 1.000.000 / 1 000 / 1'000 -> 1000000
@@ -931,6 +949,15 @@ def normalize_answer(answer: str, strip_var: bool = True) -> str:
     s = _repeating_decimal(_fix_sqrt(_fix_fracs(s)))
     s = re.sub(r"(\d)\.0+(?![\d])", r"\1", s)
     s = re.sub(r"(\d\.\d*?[1-9])0+(?![\d])", r"\1", s)
+    return s
+
+
+def normalize_answer(answer: str, strip_var: bool = True) -> str:
+    """Canonical string form of an answer, so that trivially different spellings compare equal.
+
+    strip_var=False keeps a leading 'y =' (the structural comparison needs equations intact).
+    """
+    s = _canonical_numbers(_words_and_sets(_drop_units(_canonical_latex(_unwrap(answer)))), strip_var)
     # a comma after digits with a space next ('12, 345') separated list items before the spaces went:
     # thousands were read above, on the answer as written (plain_number), never here
     s = re.sub(r"(?:\\\\|\\|,|\.|;)+$", "", s)
