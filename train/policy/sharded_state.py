@@ -108,7 +108,24 @@ def export_hf(
     rank, world = _rank(), (dist.get_world_size() if dist.is_initialized() else 1)
     tied = bool(getattr(policy.config, "tie_word_embeddings", False))
     folder.mkdir(parents=True, exist_ok=True)  # every rank writes here (a shared file system across nodes)
-    owner = _owners(policy, tied, world)
+    files, weight_map = _write_own_share(
+        policy, folder, torch_dtype, _owners(policy, tied, world), rank, shard_mb
+    )
+    total = sum((folder / f).stat().st_size for f in files)
+    group = io_group()
+    parts = all_gather_objects((files, weight_map, total), group=group)  # every rank's share is on disk
+    if rank == 0:
+        _name_files(folder, parts)
+        _write_config(policy, folder, torch_dtype, tokenizer, extra_files)
+    barrier(group)
+    return folder
+
+
+def _write_own_share(
+    policy, folder: Path, torch_dtype: torch.dtype, owner: dict[str, int], rank: int, shard_mb: int
+) -> tuple[list[str], dict[str, str]]:
+    """Gather every parameter (collective) and write the ones this rank owns in files of at most `shard_mb`:
+    the file names and {parameter: file}."""
     shard: dict[str, torch.Tensor] = {}
     shard_bytes, files, weight_map = 0, [], {}
     for name, full in policy.full_weights(torch_dtype):  # collective: each parameter gathered alone, in dtype
@@ -123,35 +140,40 @@ def export_hf(
         shard_bytes += size
     if shard:
         files.append(_write_shard(folder, shard, f"{rank:05d}-{len(files):05d}", weight_map))
-    total = sum((folder / f).stat().st_size for f in files)
-    group = io_group()
-    parts = all_gather_objects((files, weight_map, total), group=group)  # every rank's share is on disk
-    if rank == 0:
-        files = [f for part in parts for f in part[0]]
-        weight_map = {k: v for part in parts for k, v in part[1].items()}
-        if len(files) == 1:  # one file: the plain name every loader looks for first
-            os.replace(folder / files[0], folder / "model.safetensors")
-        else:
-            renamed = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
-            for old, new in renamed.items():
-                os.replace(folder / old, folder / new)
-            index = {
-                "metadata": {"total_size": sum(part[2] for part in parts)},
-                "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())},
-            }
-            (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-        config = policy.config
-        old_cache, old_dtype = config.use_cache, getattr(config, "dtype", None)
-        config.use_cache, config.dtype = True, torch_dtype
-        config.save_pretrained(folder)
-        config.use_cache, config.dtype = old_cache, old_dtype
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-        for extra in extra_files:
-            if Path(extra).is_file():
-                shutil.copy(extra, folder / Path(extra).name)
-    barrier(group)
-    return folder
+    return files, weight_map
+
+
+def _name_files(folder: Path, parts: list) -> None:
+    """Rank 0: every rank's files renamed as HF names them (one file: model.safetensors), with the index."""
+    files = [f for part in parts for f in part[0]]
+    weight_map = {k: v for part in parts for k, v in part[1].items()}
+    if len(files) == 1:  # one file: the plain name every loader looks for first
+        os.replace(folder / files[0], folder / "model.safetensors")
+        return
+    renamed = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
+    for old, new in renamed.items():
+        os.replace(folder / old, folder / new)
+    index = {
+        "metadata": {"total_size": sum(part[2] for part in parts)},
+        "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())},
+    }
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
+def _write_config(
+    policy, folder: Path, torch_dtype: torch.dtype, tokenizer, extra_files: tuple[Path, ...]
+) -> None:
+    """Rank 0: the model config (use_cache on, the export's dtype), the tokenizer and the extra files."""
+    config = policy.config
+    old_cache, old_dtype = config.use_cache, getattr(config, "dtype", None)
+    config.use_cache, config.dtype = True, torch_dtype
+    config.save_pretrained(folder)
+    config.use_cache, config.dtype = old_cache, old_dtype
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    for extra in extra_files:
+        if Path(extra).is_file():
+            shutil.copy(extra, folder / Path(extra).name)
 
 
 def export_adapter(policy, dest: str | Path, tokenizer=None, extra_files: tuple[Path, ...] = ()) -> Path:
