@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from data_prep.schema import extra_info_of, make_row, splits_parser, write_parquet
+from data_prep.schema import extra_info_of, make_row, splits_parser, write_splits
 
 DATA_SOURCE = "arithmetic"
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -213,11 +212,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help='levels "1,2,3" or weights "1=0.5,2=0.3,3=0.2" (default: %(default)s)',
     )
     args = parser.parse_args(argv)
-    for split, size in (("train", args.train_size), ("test", args.test_size)):
-        rows = generate(size, args.seed, args.difficulties, split=split)
-        path = write_parquet(rows, args.out / f"{split}.parquet")
-        levels = Counter(f"L{extra_info_of(row)['difficulty']}" for row in rows)
-        print(f"wrote {len(rows)} {split} rows to {path} (seed {args.seed}; {dict(sorted(levels.items()))})")
+    write_splits(
+        args,
+        lambda size, split: generate(size, args.seed, args.difficulties, split=split),
+        tally=lambda row: f"L{extra_info_of(row)['difficulty']}",
+    )
 
 
 if __name__ == "__main__":

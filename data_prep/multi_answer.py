@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections import Counter
 from collections.abc import Callable, Sequence
 
-from data_prep.schema import extra_info_of, make_row, splits_parser, write_parquet
+from data_prep.schema import extra_info_of, make_row, splits_parser, write_splits
 
 DATA_SOURCE = "multi_answer"
 INSTRUCTION = "Give only the number as your answer."
@@ -220,11 +219,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     families = args.families.split(",") if args.families else None
-    for split, size in (("train", args.train_size), ("test", args.test_size)):
-        rows = generate(size, args.seed, split=split, families=families)
-        path = write_parquet(rows, args.out / f"{split}.parquet")
-        counts = Counter(extra_info_of(row)["family"] for row in rows)
-        print(f"wrote {len(rows)} {split} rows to {path} (seed {args.seed}; {dict(sorted(counts.items()))})")
+    write_splits(
+        args,
+        lambda size, split: generate(size, args.seed, split=split, families=families),
+        tally=lambda row: extra_info_of(row)["family"],
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from data_prep import arithmetic
 from data_prep.jsonl import get_field, get_optional, iter_jsonl
-from data_prep.schema import ROLES, DatasetError, extra_info_of, splits_parser
+from data_prep.schema import ROLES, DatasetError, extra_info_of, splits_parser, write_splits
 from data_prep.sft_math import worked_solution
 from data_prep.sycophancy import wrong_answer
 
@@ -188,9 +188,12 @@ def arithmetic_pairs(n: int, seed: int, split: str = "train") -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = splits_parser(__doc__, train_size=2000, test_size=200)
     args = parser.parse_args(argv)
-    for split, size in (("train", args.train_size), ("test", args.test_size)):
-        path = write_pairs(arithmetic_pairs(size, args.seed, split=split), args.out / f"{split}.parquet")
-        print(f"wrote {size} {split} preference pairs to {path} (seed {args.seed})")
+    write_splits(
+        args,
+        lambda size, split: arithmetic_pairs(size, args.seed, split=split),
+        "preference pairs",
+        write_pairs,
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,19 @@ def splits_parser(doc: str, train_size: int, test_size: int) -> argparse.Argumen
     parser.add_argument("--test-size", type=int, default=test_size)
     parser.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def write_splits(
+    args: argparse.Namespace,
+    make_rows: Callable[[int, str], list],
+    what: str = "rows",
+    write: Callable[[list, Path], Path] = write_parquet,
+    tally: Callable[[Mapping], str] | None = None,
+) -> None:
+    """Write `args.out`/train.parquet and test.parquet from `make_rows(size, split)` (the sizes and seed of
+    splits_parser), printing a line per split; `tally` names what each row counts towards in that line."""
+    for split, size in (("train", args.train_size), ("test", args.test_size)):
+        rows = make_rows(size, split)
+        path = write(rows, args.out / f"{split}.parquet")
+        counts = f"; {dict(sorted(Counter(map(tally, rows)).items()))}" if tally else ""
+        print(f"wrote {len(rows)} {split} {what} to {path} (seed {args.seed}{counts})")

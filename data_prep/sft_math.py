@@ -27,7 +27,7 @@ from data_prep.schema import (
     read_parquet,
     splits_parser,
     validate_row,
-    write_parquet,
+    write_splits,
 )
 
 BUILTIN = "builtin:sft_math"
@@ -116,9 +116,7 @@ def read_sft_file(path: str) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = splits_parser(__doc__, train_size=2000, test_size=200)
     args = parser.parse_args(argv)
-    for split, size in (("train", args.train_size), ("test", args.test_size)):
-        path = write_parquet(sft_rows(size, args.seed, split=split), args.out / f"{split}.parquet")
-        print(f"wrote {size} {split} SFT examples to {path} (seed {args.seed})")
+    write_splits(args, lambda size, split: sft_rows(size, args.seed, split=split), "SFT examples")
 
 
 if __name__ == "__main__":
