@@ -33,6 +33,24 @@ class Tool(Protocol):
         ...
 
 
+def one_argument_schema(
+    name: str, description: str, argument: str, argument_description: str
+) -> dict[str, Any]:
+    """A tool's function schema when it takes one required string argument (calculator, python, catalog)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {argument: {"type": "string", "description": argument_description}},
+                "required": [argument],
+            },
+        },
+    }
+
+
 @dataclass
 class EnvStep:
     """What an environment answers a model turn with. `observation` None: nothing more to say."""

@@ -20,7 +20,7 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
-from train.env.base import ToolError
+from train.env.base import ToolError, one_argument_schema
 
 MAX_CHARS = 1000  # of the expression
 MAX_DIGITS = 1000  # of any numerator or denominator, the result's or one on the way
@@ -43,19 +43,13 @@ class Calculator:
     name = "calculator"
 
     def schema(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": "Exact arithmetic on integers and fractions: + - * / // % ** and parentheses. "
-                "Returns an integer, or a fraction with its decimal value.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"expression": {"type": "string", "description": "e.g. 123 * 4567 + 89"}},
-                    "required": ["expression"],
-                },
-            },
-        }
+        return one_argument_schema(
+            self.name,
+            "Exact arithmetic on integers and fractions: + - * / // % ** and parentheses. "
+            "Returns an integer, or a fraction with its decimal value.",
+            "expression",
+            "e.g. 123 * 4567 + 89",
+        )
 
     def __call__(self, expression: Any = None, **extra: Any) -> str:
         if extra:

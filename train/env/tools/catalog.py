@@ -8,27 +8,16 @@ calculator, two calls in sequence).
 from __future__ import annotations
 
 from data_prep.tool_math import ITEMS, price_of
-from train.env.base import ToolError
+from train.env.base import ToolError, one_argument_schema
 
 
 class Catalog:
     name = "catalog"
 
     def schema(self) -> dict:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": "Look up the price of an item in cents.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "item": {"type": "string", "description": "the item's name, e.g. blue widget"}
-                    },
-                    "required": ["item"],
-                },
-            },
-        }
+        return one_argument_schema(
+            self.name, "Look up the price of an item in cents.", "item", "the item's name, e.g. blue widget"
+        )
 
     def __call__(self, item: str = "") -> str:
         if not isinstance(item, str) or item.strip().lower() not in ITEMS:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from train.env import sandbox
-from train.env.base import ToolError
+from train.env.base import ToolError, one_argument_schema
 
 
 class PythonTool:
@@ -44,20 +44,14 @@ class PythonTool:
 
     def schema(self) -> dict[str, Any]:
         limits = self.limits
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": "Run a Python 3 program (standard library only, no network, no input) and return "
-                f"what it prints. Use print() to see results. Limits: {limits.wall_s:g} s, "
-                f"{limits.memory_mb} MB, {limits.max_output_bytes} bytes of output.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"code": {"type": "string", "description": "the program's source"}},
-                    "required": ["code"],
-                },
-            },
-        }
+        return one_argument_schema(
+            self.name,
+            "Run a Python 3 program (standard library only, no network, no input) and return "
+            f"what it prints. Use print() to see results. Limits: {limits.wall_s:g} s, "
+            f"{limits.memory_mb} MB, {limits.max_output_bytes} bytes of output.",
+            "code",
+            "the program's source",
+        )
 
     def __call__(self, code: Any = None, **extra: Any) -> str:
         if extra:
