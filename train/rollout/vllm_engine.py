@@ -340,24 +340,36 @@ class VLLMEngine:
         self.bucket_bytes = weight_bucket_mb * 2**20
         self.tp_group = None  # the torch group of this rank's vLLM TP group (prompts are shared in it)
         if tensor_parallel_size > 1:
-            rank = dist.get_rank()
-            for ranks in tp_groups(world, tensor_parallel_size):  # every rank creates every group
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    self.tp_group, self.tp_ranks = group, ranks
-        if self.device_type != "cuda" and not self.kwargs["enforce_eager"]:
-            reuse_cpu_compile_cache()
-        freeze_heap_before_start_up()
-        try:
-            self.llm = LLM(str(model_path), **self.kwargs)
-        except BaseException:
-            release_sleep_mode(self)
-            gc.unfreeze()  # what vLLM's shutdown would have done
-            raise
+            self._join_tp_group(world, tensor_parallel_size)
+        self.llm = self._start_llm(LLM, model_path)
         self.tokenizer = self.llm.get_tokenizer()
         self._request_ids = itertools.count()
         self.max_model_len = max_model_len  # prompt + response tokens of one request
         _LIVE_ENGINES.add(id(self))
+
+    def _join_tp_group(self, world: int, tensor_parallel_size: int) -> None:
+        """Every rank creates every TP group (a collective); this rank keeps its own."""
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        for ranks in tp_groups(world, tensor_parallel_size):
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                self.tp_group, self.tp_ranks = group, ranks
+
+    def _start_llm(self, llm_class: type, model_path: str | Path):
+        """vLLM's engine on this rank (the CPU compile cache reused, the heap frozen before start-up); a
+        failed start gives the sleep-mode claim and the frozen heap back. (`vllm.LLM`, imported where the
+        constructor always imported it.)"""
+        if self.device_type != "cuda" and not self.kwargs["enforce_eager"]:
+            reuse_cpu_compile_cache()
+        freeze_heap_before_start_up()
+        try:
+            return llm_class(str(model_path), **self.kwargs)
+        except BaseException:
+            release_sleep_mode(self)
+            gc.unfreeze()  # what vLLM's shutdown would have done
+            raise
 
     def _params(self, sampling: SamplingConfig, seed: int):
         from vllm import SamplingParams
