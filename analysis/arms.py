@@ -112,6 +112,20 @@ def _tidy(x: float) -> float:
     return round(x, 12) + 0.0  # no -2.8e-17 from a difference of equal floats
 
 
+def seed_signs(values: list[float]) -> str:
+    """How per-seed differences agree: "higher"/"lower"/"equal" in every seed, "higher or equal",
+    "lower or equal" (one direction, some seeds equal) or "sign varies"."""
+    if all(v > 0 for v in values):
+        return "higher"
+    if all(v < 0 for v in values):
+        return "lower"
+    if all(v == 0 for v in values):
+        return "equal"
+    if all(v >= 0 for v in values):
+        return "higher or equal"
+    return "lower or equal" if all(v <= 0 for v in values) else "sign varies"
+
+
 def verdict(
     metric: str, first: str, other: str, diff: Estimate, digits: int = 3, better: str | None = None
 ) -> str:
@@ -138,19 +152,20 @@ def verdict_clause(first: str, other: str, diff: Estimate, digits: int = 3, bett
             return f"{first} - {other} = {mean:{f}} on one seed ({need})"
         seeds = ", ".join(f"{v:{f}}" for v in values)
         every = "both seeds" if diff.n == 2 else f"all {diff.n} seeds"
-        if all(v > 0 for v in values):
-            return f"{first} {up} than {other} in {every} ({seeds}); {need}"
-        if all(v < 0 for v in values):
-            return f"{first} {down} than {other} in {every} ({seeds}); {need}"
-        if all(v == 0 for v in values):
+        signs = seed_signs(values)
+        if signs in ("higher", "lower"):
+            return f"{first} {up if signs == 'higher' else down} than {other} in {every} ({seeds}); {need}"
+        if signs == "equal":
             return f"no difference in any of the {diff.n} seeds; {need}"
-        ups, downs = sum(v > 0 for v in values), sum(v < 0 for v in values)
-        if not downs or not ups:  # one direction, some seeds equal
-            word, k = (up, ups) if ups else (down, downs)
-            return (
-                f"{first} {word} than {other} in {k} of {diff.n} seeds, equal in the rest ({seeds}); {need}"
-            )
-        return f"{first} - {other} changes sign across the {diff.n} seeds ({seeds}); {need}"
+        if signs == "sign varies":
+            return f"{first} - {other} changes sign across the {diff.n} seeds ({seeds}); {need}"
+        # one direction, some seeds equal
+        word, k = (
+            (up, sum(v > 0 for v in values))
+            if signs == "higher or equal"
+            else (down, sum(v < 0 for v in values))
+        )
+        return f"{first} {word} than {other} in {k} of {diff.n} seeds, equal in the rest ({seeds}); {need}"
     lo, hi = _tidy(diff.lo), _tidy(diff.hi)
     span = f"[{lo:{f}}, {hi:{f}}]{CLIPPED_MARK if diff.clipped else ''}, {diff.n} seeds"
     if lo > 0:
@@ -169,15 +184,8 @@ def reading(diff: Estimate) -> str:
         if diff.n == 1:
             return "one seed"
         every = "both seeds" if diff.n == 2 else f"all {diff.n} seeds"
-        if all(v > 0 for v in values):
-            return f"higher in {every}"
-        if all(v < 0 for v in values):
-            return f"lower in {every}"
-        if all(v == 0 for v in values):
-            return "equal"
-        if all(v >= 0 for v in values):
-            return "higher or equal"
-        return "lower or equal" if all(v <= 0 for v in values) else "sign varies"
+        signs = seed_signs(values)
+        return f"{signs} in {every}" if signs in ("higher", "lower") else signs
     if _tidy(diff.lo) > 0:
         return "higher"
     if _tidy(diff.hi) < 0:
