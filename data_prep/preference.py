@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from data_prep import arithmetic
 from data_prep.jsonl import get_field, get_optional, iter_jsonl
-from data_prep.schema import ROLES, DatasetError, extra_info_of, splits_parser, write_splits
+from data_prep.schema import PROMPT_FIELD, ROLES, DatasetError, extra_info_of, splits_parser, write_splits
 from data_prep.sft_math import worked_solution
 from data_prep.sycophancy import wrong_answer
 
@@ -40,11 +40,7 @@ BUILTIN = "builtin:arithmetic_pairs"
 FIELDS: tuple[str, ...] = ("prompt", "chosen", "rejected", "extra_info")
 ARROW_SCHEMA = pa.schema(
     [
-        pa.field(
-            "prompt",
-            pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])),
-            nullable=False,
-        ),
+        PROMPT_FIELD,
         pa.field("chosen", pa.string(), nullable=False),
         pa.field("rejected", pa.string(), nullable=False),
         pa.field("extra_info", pa.string(), nullable=False),

@@ -33,14 +33,16 @@ ROLES: frozenset[str] = frozenset(
     {"system", "user", "assistant", "tool"}
 )  # tool: a result in a multi-turn trace
 
+# the chat prompt column, shared by the prompt, SFT and preference files
+PROMPT_FIELD = pa.field(
+    "prompt",
+    pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])),
+    nullable=False,
+)
 ARROW_SCHEMA = pa.schema(
     [
         pa.field("data_source", pa.string(), nullable=False),
-        pa.field(
-            "prompt",
-            pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])),
-            nullable=False,
-        ),
+        PROMPT_FIELD,
         pa.field("ground_truth", pa.string(), nullable=False),
         pa.field("extra_info", pa.string(), nullable=False),
     ]
