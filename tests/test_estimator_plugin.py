@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.configs import hf_grpo_config
 from train.algorithms.registry import AdvantageContext, AdvantageOutput, Knob, register_adv_estimator
 from train.config import ConfigError, build_config
 
@@ -53,16 +54,11 @@ def test_toy_knob_is_a_typed_checked_config_key(capsys):
 def test_trains_a_step_with_the_toy_estimator(tiny_model, dist_group, tmp_path):
     from train.stages.grpo import GRPOTrainer
 
-    cfg = build_config(
-        overrides=[
-            f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}", "total_steps=1", "track=false",
-            "algorithm.adv_estimator=toy_sign", "algorithm.toy_scale=0.5", "data.prompts_per_step=2",
-            "rollout.n=4", "rollout.max_new_tokens=8", "data.builtin_size=16", "optim.lr=1e-3",
-            "rollout.engine._target_=train.rollout.hf_engine.HFEngine",
-            "reward._target_=tests.rewards_for_tests.VowelShareReward",
-        ]
+    cfg = hf_grpo_config(
+        tiny_model, tmp_path / "run", "toy", "total_steps=1", "algorithm.adv_estimator=toy_sign",
+        "algorithm.toy_scale=0.5", "data.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=8",
+        "data.builtin_size=16", "optim.lr=1e-3", "reward._target_=tests.rewards_for_tests.VowelShareReward",
     )  # fmt: skip
-    cfg.run_name = "toy"
     CALLS.clear()
     trainer = GRPOTrainer(cfg)
     before = {k: v.clone() for k, v in trainer.policy.full_weights()}

@@ -57,6 +57,16 @@ def load_in_browser(
     return done.stdout, console
 
 
+def screenshot(chromium: str, page: Path, profile: Path, shot: Path, size: str) -> int:
+    """Chromium's screenshot of the page in a `size` window, written to `shot`; its size in bytes."""
+    subprocess.run(
+        [chromium, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", f"--screenshot={shot}",
+         page.as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    return shot.stat().st_size
+
+
 def test_browser_check_catches_a_broken_page(chromium, tmp_path):
     """The check itself can fail: a missing image and a script error are caught."""
     bad = tmp_path / "bad.html"
@@ -89,12 +99,7 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path, monkeypatch):
     assert "Does DARLING differ from GRPO?" in dom
     assert "DARLING" in dom and "GRPO" in dom
     shot = tmp_path / "report" / "screenshot.png"
-    subprocess.run(
-        [chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=1280,2400",
-         f"--screenshot={shot}", page.as_uri()],
-        capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert shot.stat().st_size > 20_000
+    assert screenshot(chromium, page, tmp_path / "profile2", shot, "1280,2400") > 20_000
 
 
 @pytest.mark.parametrize("seeds", [2, 3])
@@ -127,10 +132,5 @@ def test_first_screen_is_the_headline(chromium, tmp_path, monkeypatch, seeds):
     keep = Path(os.environ.get("RLPOST_SCREENSHOTS", tmp_path / "report"))  # pytest's tmp folders rotate
     keep.mkdir(parents=True, exist_ok=True)
     shot = keep / f"first_screen_{seeds}_seeds.png"
-    subprocess.run(
-        [chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=1280,900",
-         f"--screenshot={shot}", page.as_uri()],
-        capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert shot.stat().st_size > 20_000
+    assert screenshot(chromium, page, tmp_path / "profile2", shot, "1280,900") > 20_000
     print(f"first screen, {seeds} seeds: {shot}")

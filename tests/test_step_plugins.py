@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.configs import hf_grpo_config
 from train.algorithms import registry
 from train.algorithms.length_penalty import length_penalty, length_penalty_step
 from train.batch import Batch
@@ -59,17 +60,12 @@ def test_engine_sleeps_after_generation_before_any_log_prob_pass(tiny_model, dis
     mini-batches (old log-probs) and the length penalty, one real step with the HF engine."""
     from train.stages.grpo import GRPOTrainer
 
-    cfg = build_config(
-        overrides=[
-            f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}", "total_steps=1", "track=false",
-            "algorithm.adv_estimator=remax", "algorithm.use_kl_loss=true", "algorithm.ppo_epochs=2",
-            "algorithm.ppo_mini_batch_size=1", "algorithm.length_penalty_coef=0.5", "data.prompts_per_step=2",
-            "rollout.n=2", "rollout.max_new_tokens=8", "data.builtin_size=16", "optim.lr=1e-3",
-            "rollout.engine._target_=train.rollout.hf_engine.HFEngine",
-            "reward._target_=tests.rewards_for_tests.VowelShareReward",
-        ]
+    cfg = hf_grpo_config(
+        tiny_model, tmp_path / "run", "order", "total_steps=1", "algorithm.adv_estimator=remax",
+        "algorithm.use_kl_loss=true", "algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=1",
+        "algorithm.length_penalty_coef=0.5", "data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8",
+        "data.builtin_size=16", "optim.lr=1e-3", "reward._target_=tests.rewards_for_tests.VowelShareReward",
     )  # fmt: skip
-    cfg.run_name = "order"
     trainer = GRPOTrainer(cfg)
     calls: list[str] = []
 

@@ -6,26 +6,22 @@ import math
 import pytest
 
 from orchestration.train_cli import main
-from train.config import build_config
+from tests.configs import hf_grpo_config
 from train.stages.grpo import GRPOTrainer
 
 pytestmark = pytest.mark.slow
 
 
 def test_kl_minibatches_entropy_checkpointing_with_hf_engine(tiny_model, dist_group, tmp_path):
-    cfg = build_config(
-        overrides=[
-            f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}", "track=false", "total_steps=2",
-            "save_every=0", "reward._target_=tests.rewards_for_tests.VowelShareReward", "data.prompts_per_step=4",
-            "data.builtin_size=32", "rollout.n=3", "rollout.max_new_tokens=8",
-            "rollout.engine._target_=train.rollout.hf_engine.HFEngine", "algorithm.use_kl_loss=true",
-            "algorithm.kl_loss_type=k3", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_epochs=2",
-            "algorithm.entropy_coeff=0.01", "algorithm.loss_agg_mode=seq-mean-token-sum-norm",
-            "policy.gradient_checkpointing=true", "policy.micro_batch_tokens=64", "optim.lr=1e-3",
-            "val_every=2", "data.val_path=builtin:arithmetic", "data.val_size=6",
-        ]
+    cfg = hf_grpo_config(
+        tiny_model, tmp_path / "run", "variants", "total_steps=2", "save_every=0",
+        "reward._target_=tests.rewards_for_tests.VowelShareReward", "data.prompts_per_step=4",
+        "data.builtin_size=32", "rollout.n=3", "rollout.max_new_tokens=8", "algorithm.use_kl_loss=true",
+        "algorithm.kl_loss_type=k3", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_epochs=2",
+        "algorithm.entropy_coeff=0.01", "algorithm.loss_agg_mode=seq-mean-token-sum-norm",
+        "policy.gradient_checkpointing=true", "policy.micro_batch_tokens=64", "optim.lr=1e-3",
+        "val_every=2", "data.val_path=builtin:arithmetic", "data.val_size=6",
     )  # fmt: skip
-    cfg.run_name = "variants"
     trainer = GRPOTrainer(cfg)
     assert trainer.ref is not None
     first = trainer.step(1)
@@ -43,15 +39,12 @@ def test_kl_minibatches_entropy_checkpointing_with_hf_engine(tiny_model, dist_gr
 
 @pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus", "remax"])
 def test_other_estimators_train(estimator, tiny_model, dist_group, tmp_path):
-    cfg = build_config(
-        overrides=[
-            f"model.path={tiny_model}", f"run_dir={tmp_path / estimator}", "track=false", "total_steps=1",
-            "reward._target_=tests.rewards_for_tests.VowelShareReward", "data.prompts_per_step=2",
-            "data.builtin_size=8", "rollout.n=3", "rollout.max_new_tokens=6", f"algorithm.adv_estimator={estimator}",
-            "rollout.engine._target_=train.rollout.hf_engine.HFEngine", "optim.lr=1e-3",
-        ]
+    cfg = hf_grpo_config(
+        tiny_model, tmp_path / estimator, estimator, "total_steps=1",
+        "reward._target_=tests.rewards_for_tests.VowelShareReward", "data.prompts_per_step=2",
+        "data.builtin_size=8", "rollout.n=3", "rollout.max_new_tokens=6", f"algorithm.adv_estimator={estimator}",
+        "optim.lr=1e-3",
     )  # fmt: skip
-    cfg.run_name = estimator
     trainer = GRPOTrainer(cfg)
     metrics = trainer.step(1)
     assert metrics["actor/grad_norm"] > 0 and math.isfinite(metrics["actor/pg_loss"])
@@ -66,17 +59,13 @@ def test_missing_dataset_is_a_one_line_error(capsys, tmp_path):
 
 def test_sampled_validation_reports_pass_at_k_and_distinct_answers(tiny_model, dist_group, tmp_path):
     """data.val_n > 1: n samples per held-out multi_answer prompt, scored by DARLING's reward and checker."""
-    cfg = build_config(
-        overrides=[
-            f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}", "track=false", "total_steps=1",
-            "data.train_path=builtin:multi_answer", "data.builtin_size=8", "data.prompts_per_step=2",
-            "rollout.n=2", "rollout.max_new_tokens=4", "rollout.engine._target_=train.rollout.hf_engine.HFEngine",
-            "reward._target_=train.rewards.darling_reward.DarlingReward",
-            "reward.judge._target_=train.diversity.judges.AnswerAwareJudge",
-            "val_every=1", "data.val_path=builtin:multi_answer", "data.val_size=3", "data.val_n=3",
-        ]
+    cfg = hf_grpo_config(
+        tiny_model, tmp_path / "run", "sampled-val", "total_steps=1",
+        "data.train_path=builtin:multi_answer", "data.builtin_size=8", "data.prompts_per_step=2",
+        "rollout.n=2", "rollout.max_new_tokens=4", "reward._target_=train.rewards.darling_reward.DarlingReward",
+        "reward.judge._target_=train.diversity.judges.AnswerAwareJudge",
+        "val_every=1", "data.val_path=builtin:multi_answer", "data.val_size=3", "data.val_n=3",
     )  # fmt: skip
-    cfg.run_name = "sampled-val"
     trainer = GRPOTrainer(cfg)
     val = trainer.validate(1)
     trainer.close()
