@@ -194,6 +194,44 @@ def run_adversarial(grader: ProjectGrader, n_chars: int, repeats: int = 1) -> di
     return out
 
 
+def _print_accuracy(cases: list, columns: dict[str, list[bool]], n_tuned: int) -> None:
+    """Right verdicts per family, for the tuned cases and then the held-out ones, with math-verify's
+    agreement where it ran."""
+    for title, part in (("", slice(0, n_tuned)), ("held-out ", slice(n_tuned, len(cases)))):
+        part_cases = cases[part]
+        part_columns = {name: col[part] for name, col in columns.items()}
+        print(f"\nAccuracy per {title}family (right verdicts / cases)")
+        print("\n".join(family_table(part_cases, part_columns)))
+        if "math-verify" in part_columns:
+            agree = sum(
+                (a == c.expected) == (b == c.expected)
+                for a, b, c in zip(part_columns["grader"], part_columns["math-verify"], part_cases)
+            )
+            print(f"verdicts agreeing with math-verify: {agree}/{len(part_cases)}")
+
+
+def _batch_seconds(grader: ProjectGrader, cases: list, repeats: int) -> float:
+    """Best wall seconds of one grade_batch over every case (as whole responses), fresh cache each time."""
+    grader.clear_cache()
+    responses = [c.pred if c.whole_response else f"The answer is $\\boxed{{{c.pred}}}$." for c in cases]
+    batch_s = float("inf")
+    for _ in range(repeats):
+        grader.clear_cache()
+        start = time.perf_counter()
+        grader.module.grade_batch(responses, [c.gold for c in cases])
+        batch_s = min(batch_s, time.perf_counter() - start)
+    return batch_s
+
+
+def _print_adversarial(adversarial: dict[str, float], n_chars: int, repeats: int) -> None:
+    """The slowest dozen adversarial inputs and the slowest single one."""
+    print(f"\nAdversarial inputs ({n_chars} and {JUST_UNDER_CUT} characters): seconds, best of {repeats}")
+    for name, secs in sorted(adversarial.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {name:<44} {secs:8.3f}")
+    print(f"  ... {len(adversarial) - 12} more below these")
+    print(f"  max single input: {max(v for k, v in adversarial.items() if k.startswith('grade+gold')):.3f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grader-dir", help="directory holding the math_grader package to measure")
@@ -226,40 +264,17 @@ def main(argv: list[str] | None = None) -> None:
         columns["math-verify"], timings["math-verify"], _ = run_cases(
             reference.verdict, cases, lambda: None, 1
         )
-    for title, part in (("", slice(0, len(tuned))), ("held-out ", slice(len(tuned), len(cases)))):
-        part_cases = cases[part]
-        part_columns = {name: col[part] for name, col in columns.items()}
-        print(f"\nAccuracy per {title}family (right verdicts / cases)")
-        print("\n".join(family_table(part_cases, part_columns)))
-        if "math-verify" in part_columns:
-            agree = sum(
-                (a == c.expected) == (b == c.expected)
-                for a, b, c in zip(part_columns["grader"], part_columns["math-verify"], part_cases)
-            )
-            print(f"verdicts agreeing with math-verify: {agree}/{len(part_cases)}")
+    _print_accuracy(cases, columns, len(tuned))
 
     print(f"\nSpeed per case (one case at a time, fresh cache; best of {args.repeats}, and the first run)")
     print(f"{'':<20} {'answers/s':>10} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for name, secs in timings.items():
         print(_timing_row(name, secs))
-    grader.clear_cache()
-    responses = [c.pred if c.whole_response else f"The answer is $\\boxed{{{c.pred}}}$." for c in cases]
-    batch_s = float("inf")
-    for _ in range(args.repeats):
-        grader.clear_cache()
-        start = time.perf_counter()
-        grader.module.grade_batch(responses, [c.gold for c in cases])
-        batch_s = min(batch_s, time.perf_counter() - start)
+    batch_s = _batch_seconds(grader, cases, args.repeats)
     print(f"grade_batch over all {len(cases)} cases: {len(cases) / batch_s:.0f} answers/s")
 
     adversarial = run_adversarial(grader, args.adversarial_chars, args.repeats)
-    print(
-        f"\nAdversarial inputs ({args.adversarial_chars} and {JUST_UNDER_CUT} characters): seconds, best of {args.repeats}"
-    )
-    for name, secs in sorted(adversarial.items(), key=lambda kv: -kv[1])[:12]:
-        print(f"  {name:<44} {secs:8.3f}")
-    print(f"  ... {len(adversarial) - 12} more below these")
-    print(f"  max single input: {max(v for k, v in adversarial.items() if k.startswith('grade+gold')):.3f} s")
+    _print_adversarial(adversarial, args.adversarial_chars, args.repeats)
 
     if args.json:
         figures = {
