@@ -260,7 +260,8 @@ def probe_layout(model: Path, layout: str, args, batch, arch: Arch, device: torc
     return row
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The options and the layouts asked for (an unknown layout stops here)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
     p.add_argument("--layers", type=int, default=6)
@@ -284,6 +285,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     unknown = [name for name in layouts if name not in LAYOUTS]
     if unknown:
         raise SystemExit(f"--layouts: unknown {unknown}; expected a comma list of {sorted(LAYOUTS)}")
+    return args, layouts
+
+
+def _random_rows(args, vocab: int, g: torch.Generator) -> tuple[list, list, list[int]]:
+    """(prompts, responses, response lengths): `--prompts` random prompts, each repeated for its group,
+    with random responses of the probe's lengths."""
+    lengths = response_lengths(args.prompts * args.group, args.max_response)
+    prompts, responses = [], []
+    for i in range(args.prompts):
+        prompt = torch.randint(10, vocab, (args.prompt_len,), generator=g).tolist()
+        for j in range(args.group):
+            prompts.append(prompt)
+            responses.append(torch.randint(10, vocab, (lengths[i * args.group + j],), generator=g).tolist())
+    return prompts, responses, lengths
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args, layouts = _parse(argv)
 
     from train.policy.distributed import init_distributed
 
@@ -293,13 +312,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     arch = Arch.from_config({**shape, "num_hidden_layers": args.layers})
     g = torch.Generator().manual_seed(0)
     vocab = shape["vocab_size"]
-    lengths = response_lengths(args.prompts * args.group, args.max_response)
-    prompts, responses = [], []
-    for i in range(args.prompts):
-        prompt = torch.randint(10, vocab, (args.prompt_len,), generator=g).tolist()
-        for j in range(args.group):
-            prompts.append(prompt)
-            responses.append(torch.randint(10, vocab, (lengths[i * args.group + j],), generator=g).tolist())
+    prompts, responses, lengths = _random_rows(args, vocab, g)
     header = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "shape": args.shape, "layers": args.layers,
