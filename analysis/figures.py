@@ -60,7 +60,7 @@ def arm_curves(
     MIN_SEEDS_FOR_CI runs or more gets a light band, the 95% t interval over its runs at each step clipped
     to `bounds` (the metric's range); an arm with fewer shows each seed as a thin line instead (a t band
     from 2 seeds is 12.7 spreads wide and buries the means). `runs` needs an `arm` column."""
-    from analysis.arms import MIN_SEEDS_FOR_CI, interval
+    from analysis.arms import MIN_SEEDS_FOR_CI
 
     smooth = _window(history, key, smooth)
 
@@ -78,27 +78,10 @@ def arm_curves(
                     lambda v: v.rolling(smooth, min_periods=1).mean()
                 )
             )
-        colour = cycle[i % len(cycle)]
-        n = h["run_id"].nunique()
-        per_step = [(step, interval(list(g["value"]), bounds)) for step, g in h.groupby("step")]
-        steps = [s for s, _ in per_step]
-        if n >= MIN_SEEDS_FOR_CI:
-            lo = [e.lo if e.has_ci else e.mean for _, e in per_step]
-            hi = [e.hi if e.has_ci else e.mean for _, e in per_step]
-            ax.fill_between(steps, lo, hi, color=colour, alpha=0.12, linewidth=0)
+        if _plot_arm(ax, h, arm, cycle[i % len(cycle)], bounds):
             banded = True
         else:
-            for _, run in h.groupby("run_id"):
-                ax.plot(run["step"], run["value"], color=colour, alpha=0.35, linewidth=0.8)
             seeded = True
-        ax.plot(
-            steps,
-            [e.mean for _, e in per_step],
-            color=colour,
-            label=f"{arm} (n={n})",
-            marker=".",
-            linewidth=2,
-        )
     ax.set_xlabel("step")
     ax.set_ylabel(key)
     spread = []
@@ -116,6 +99,28 @@ def arm_curves(
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def _plot_arm(ax, h: pd.DataFrame, arm: str, colour: str, bounds: tuple[float, float] | None) -> bool:
+    """One arm's bold mean line over its runs, with its CI band (True) or, below MIN_SEEDS_FOR_CI runs,
+    each seed's thin line (False)."""
+    from analysis.arms import MIN_SEEDS_FOR_CI, interval
+
+    n = h["run_id"].nunique()
+    per_step = [(step, interval(list(g["value"]), bounds)) for step, g in h.groupby("step")]
+    steps = [s for s, _ in per_step]
+    banded = n >= MIN_SEEDS_FOR_CI
+    if banded:
+        lo = [e.lo if e.has_ci else e.mean for _, e in per_step]
+        hi = [e.hi if e.has_ci else e.mean for _, e in per_step]
+        ax.fill_between(steps, lo, hi, color=colour, alpha=0.12, linewidth=0)
+    else:
+        for _, run in h.groupby("run_id"):
+            ax.plot(run["step"], run["value"], color=colour, alpha=0.35, linewidth=0.8)
+    ax.plot(
+        steps, [e.mean for _, e in per_step], color=colour, label=f"{arm} (n={n})", marker=".", linewidth=2
+    )
+    return banded
 
 
 def _span(bounds: tuple[float, float]) -> str:
