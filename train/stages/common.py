@@ -143,3 +143,10 @@ class OfflineStage(TrainingLoop):
 
     def tracking_tags(self) -> dict[str, str]:
         return {"rlpost.stage_kind": self.kind}
+
+    def validate(self, step: int) -> dict[str, float]:
+        """The stage's held-out loss (its `_held_out`), and with `val_accuracy` the greedy accuracy."""
+        out = self._held_out()
+        if self.cfg.val_accuracy:
+            out.update(greedy_accuracy(self, self.accuracy_items))
+        return out

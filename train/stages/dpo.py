@@ -43,7 +43,6 @@ from train.stages.common import (
     OfflineStage,
     StageRunConfig,
     encode_chat,
-    greedy_accuracy,
     peak_memory_gb,
     shard,
     validate_run_config,
@@ -246,12 +245,6 @@ class DPOTrainer(OfflineStage):
                 "perf/peak_memory_gb": peak_memory_gb(),
             }
         )
-        return out
-
-    def validate(self, step: int) -> dict[str, float]:
-        out = self._held_out()
-        if self.cfg.val_accuracy:
-            out.update(greedy_accuracy(self, self.accuracy_items))
         return out
 
     def _held_out(self) -> dict[str, float]:

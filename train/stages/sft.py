@@ -28,7 +28,6 @@ from train.stages.common import (
     OfflineStage,
     StageRunConfig,
     encode_chat,
-    greedy_accuracy,
     peak_memory_gb,
     shard,
     validate_run_config,
@@ -255,12 +254,6 @@ class SFTTrainer(OfflineStage):
             "perf/train_tokens_per_s": processed / max(seconds, 1e-9),
             "perf/peak_memory_gb": peak_memory_gb(),
         }
-
-    def validate(self, step: int) -> dict[str, float]:
-        out = self._held_out()
-        if self.cfg.val_accuracy:
-            out.update(greedy_accuracy(self, self.accuracy_items))
-        return out
 
     def _held_out(self) -> dict[str, float]:
         """Token-mean NLL of the held-out responses (`sft/val_loss`; traces: the model's turns only)."""
