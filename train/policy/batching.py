@@ -153,11 +153,16 @@ def plan_plain(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[Callable[[], MicroBatch]]:
     """The plain layout's micro-batches, each still to be built (call it): see `plan_layout`."""
+    return _planned(collate, plan_micro_batches, prompt_ids, response_ids, token_budget, pad_id)
+
+
+def _planned(
+    collate_fn, grouping, prompt_ids, response_ids, token_budget: int, pad_id: int
+) -> list[Callable[[], MicroBatch]]:
+    """Rows grouped by `grouping(lengths, token_budget)` on their prompt + response lengths, each group a
+    micro-batch `collate_fn` builds when called (the plain and the packed layout)."""
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    return [
-        partial(collate, prompt_ids, response_ids, g, pad_id)
-        for g in plan_micro_batches(lengths, token_budget)
-    ]
+    return [partial(collate_fn, prompt_ids, response_ids, g, pad_id) for g in grouping(lengths, token_budget)]
 
 
 def prompt_units(
@@ -322,11 +327,7 @@ def collate_packed(
 def plan_packed_layout(
     prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int, pad_id: int
 ) -> list[Callable[[], MicroBatch]]:
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    return [
-        partial(collate_packed, prompt_ids, response_ids, g, pad_id)
-        for g in plan_packed(lengths, token_budget)
-    ]
+    return _planned(collate_packed, plan_packed, prompt_ids, response_ids, token_budget, pad_id)
 
 
 LAYOUTS = {"plain": plan_plain, "shared": plan_shared, "packed": plan_packed_layout}
