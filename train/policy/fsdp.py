@@ -151,19 +151,33 @@ class Policy:
             self._log_probs([[self.pad_id]], [[self.pad_id]])
         if trainable:
             model.train()
-            # fused: one kernel over all parameters; torch's default on CPU is a per-tensor Python loop
-            # (measured 7x slower on a 135M model: 1.9 s -> 0.26 s per step, 2 cores)
-            self.optimizer = torch.optim.AdamW(
-                self.trainable_parameters(), lr=lr, weight_decay=weight_decay, betas=betas, fused=True
-            )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.optimizer, _lr_lambda(lr_schedule, warmup_steps, total_steps)
+            self.optimizer, self.scheduler = self._optimizer(
+                lr, weight_decay, betas, lr_schedule, warmup_steps, total_steps
             )
         else:
             model.eval()
             model.requires_grad_(False)
             self.optimizer = None
             self.scheduler = None
+
+    def _optimizer(
+        self,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        lr_schedule: str,
+        warmup_steps: int,
+        total_steps: int,
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        """AdamW over the trainable parameters and its learning-rate schedule."""
+        # fused: one kernel over all parameters; torch's default on CPU is a per-tensor Python loop
+        # (measured 7x slower on a 135M model: 1.9 s -> 0.26 s per step, 2 cores)
+        optimizer = torch.optim.AdamW(
+            self.trainable_parameters(), lr=lr, weight_decay=weight_decay, betas=betas, fused=True
+        )
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(
+            optimizer, _lr_lambda(lr_schedule, warmup_steps, total_steps)
+        )
 
     def _meta_model(self, config, checkpointing: bool, torch_compile: bool) -> tuple[torch.nn.Module, dict]:
         """The model on the meta device with its fp32 kernel, activation checkpointing and the vocabulary
