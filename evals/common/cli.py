@@ -143,17 +143,7 @@ def run_suite(
         disable=not progress,
         file=sys.stderr,
     )
-    for start in range(0, len(todo), args.batch_size):
-        batch = todo[start : start + args.batch_size]
-        records = suite.run_batch(batch, ctx)
-        want = {str(it["id"]) for it in batch}
-        got = {str(r.get("id")) for r in records}
-        if got != want:
-            raise EvalError(f"suite {suite.name}: run_batch returned records for {sorted(got ^ want)[:3]}...")
-        for r in records:
-            r[FINGERPRINT_KEY] = fingerprints[str(r["id"])]
-        store.append(records)
-        bar.update(len(batch))
+    _run_batches(suite, todo, ctx, store, fingerprints, bar)
     bar.close()
     metrics = suite.summarize(store.records(ids), args)
     summary = {
@@ -172,6 +162,25 @@ def run_suite(
         summary["mlflow_run_id"] = log_eval_metrics(checkpoint, suite.name, metrics)
         store.write_summary(summary)
     return summary
+
+
+def _run_batches(
+    suite: Suite, todo: list[dict], ctx: EvalContext, store: ResultsStore, fingerprints, bar
+) -> None:
+    """Run the suite on `todo` in batches of --batch-size, storing each batch's records (stamped with their
+    item's fingerprint) as soon as it is done, so an interrupted run resumes after the last batch."""
+    size = ctx.args.batch_size
+    for start in range(0, len(todo), size):
+        batch = todo[start : start + size]
+        records = suite.run_batch(batch, ctx)
+        want = {str(it["id"]) for it in batch}
+        got = {str(r.get("id")) for r in records}
+        if got != want:
+            raise EvalError(f"suite {suite.name}: run_batch returned records for {sorted(got ^ want)[:3]}...")
+        for r in records:
+            r[FINGERPRINT_KEY] = fingerprints[str(r["id"])]
+        store.append(records)
+        bar.update(len(batch))
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
