@@ -103,6 +103,71 @@ def item_metrics(
     return out
 
 
+def _add_data_and_sampling_args(g) -> None:
+    """Which problems, how many samples, how answers are read and generated."""
+    g.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="folder with <dataset>/test.jsonl (default $RLPOST_MATH_DATA, else ../shared/data/math)",
+    )
+    g.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list of {', '.join(DATASETS)}")
+    g.add_argument("--n", type=int, default=1, help="samples per problem")
+    g.add_argument("--k", default=None, help="comma list of k for pass@k/maj@k (default 1,2,4,..,n)")
+    g.add_argument(
+        "--answer-rule",
+        choices=ANSWER_RULES,
+        default="qwen",
+        help="which answer a response gives: 'qwen' (default, upstream) Qwen2.5-Math's order of rules "
+        "('final answer is $..$. I hope' over any box); option 'last': the last committed answer, as the "
+        "training reward reads it (a correction replaces an earlier answer)",
+    )
+    g.add_argument(
+        "--tools", default=None,
+        help="comma list of tools (calculator, python, catalog, or a _target_): multi-turn answers",
+    )  # fmt: skip
+    g.add_argument("--max-turns", type=int, default=4, help="with --tools: model turns per answer")
+    g.add_argument("--builtin-size", type=int, default=200, help="rows of a builtin: dataset's test split")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--max-tokens", type=int, default=2048)
+
+
+def _add_scoring_args(g) -> None:
+    """How samples are voted on and scored: maj@k, the prompt/answer format, rm@k."""
+    g.add_argument(
+        "--maj-vote",
+        choices=("string", "equivalence"),
+        default="string",
+        help="maj@k votes grouped by normalised answer string (Qwen2.5-Math default) or, option, by "
+        "the grader's equivalence (Qwen's use_symbol: '1/2' and '\\frac{1}{2}' vote together)",
+    )
+    g.add_argument(
+        "--maj-skip-unanswered",
+        action="store_true",
+        help="option: samples with no extracted answer cast no maj@k vote (upstream: 'no answer' is a "
+        "vote, as Qwen's '' and lm-eval's '[invalid]')",
+    )
+    g.add_argument(
+        "--prompt-template",
+        choices=sorted(TEMPLATES),
+        default=None,
+        help="plain-text prompt (CS336: r1_zero) instead of the chat prompt; local checkpoints only",
+    )
+    g.add_argument(
+        "--answer-format",
+        choices=FORMATS,
+        default=None,
+        help="the format format_rate measures (default: r1_zero with --prompt-template r1_zero, else boxed)",
+    )
+    g.add_argument(
+        "--rm-scorer",
+        default=None,
+        help="option: rm@k = correctness of the best of the first k samples by this scorer, a JSON "
+        "{_target_: train.rewards.scorers.X, ...} (e.g. RewardModelScorer with model_path)",
+    )
+
+
 class MathSuite:
     name = "math"
     summary_options = ("k", "maj_vote", "maj_skip_unanswered")
@@ -118,65 +183,8 @@ class MathSuite:
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("math")
-        g.add_argument(
-            "--data-dir",
-            type=Path,
-            default=None,
-            help="folder with <dataset>/test.jsonl (default $RLPOST_MATH_DATA, else ../shared/data/math)",
-        )
-        g.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list of {', '.join(DATASETS)}")
-        g.add_argument("--n", type=int, default=1, help="samples per problem")
-        g.add_argument("--k", default=None, help="comma list of k for pass@k/maj@k (default 1,2,4,..,n)")
-        g.add_argument(
-            "--answer-rule",
-            choices=ANSWER_RULES,
-            default="qwen",
-            help="which answer a response gives: 'qwen' (default, upstream) Qwen2.5-Math's order of rules "
-            "('final answer is $..$. I hope' over any box); option 'last': the last committed answer, as the "
-            "training reward reads it (a correction replaces an earlier answer)",
-        )
-        g.add_argument(
-            "--tools", default=None,
-            help="comma list of tools (calculator, python, catalog, or a _target_): multi-turn answers",
-        )  # fmt: skip
-        g.add_argument("--max-turns", type=int, default=4, help="with --tools: model turns per answer")
-        g.add_argument(
-            "--builtin-size", type=int, default=200, help="rows of a builtin: dataset's test split"
-        )
-        g.add_argument("--temperature", type=float, default=0.0)
-        g.add_argument("--top-p", type=float, default=1.0)
-        g.add_argument("--max-tokens", type=int, default=2048)
-        g.add_argument(
-            "--maj-vote",
-            choices=("string", "equivalence"),
-            default="string",
-            help="maj@k votes grouped by normalised answer string (Qwen2.5-Math default) or, option, by "
-            "the grader's equivalence (Qwen's use_symbol: '1/2' and '\\frac{1}{2}' vote together)",
-        )
-        g.add_argument(
-            "--maj-skip-unanswered",
-            action="store_true",
-            help="option: samples with no extracted answer cast no maj@k vote (upstream: 'no answer' is a "
-            "vote, as Qwen's '' and lm-eval's '[invalid]')",
-        )
-        g.add_argument(
-            "--prompt-template",
-            choices=sorted(TEMPLATES),
-            default=None,
-            help="plain-text prompt (CS336: r1_zero) instead of the chat prompt; local checkpoints only",
-        )
-        g.add_argument(
-            "--answer-format",
-            choices=FORMATS,
-            default=None,
-            help="the format format_rate measures (default: r1_zero with --prompt-template r1_zero, else boxed)",
-        )
-        g.add_argument(
-            "--rm-scorer",
-            default=None,
-            help="option: rm@k = correctness of the best of the first k samples by this scorer, a JSON "
-            "{_target_: train.rewards.scorers.X, ...} (e.g. RewardModelScorer with model_path)",
-        )
+        _add_data_and_sampling_args(g)
+        _add_scoring_args(g)
 
     def load_items(self, args: argparse.Namespace) -> list[dict]:
         data_dir = Path(args.data_dir or default_data_dir())
