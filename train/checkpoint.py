@@ -45,7 +45,7 @@ from infra.checkpoint.layout import (  # noqa: F401
     step_dir,
     step_name,
 )
-from train.preempted import exceptions_in, preempted_in
+from train.preemption import exceptions_in, preempted_in
 
 
 def rng_state() -> dict:

@@ -15,6 +15,10 @@ limit (its hook then checkpoints and requeues the job). Either signal, handled o
   (`$RLPOST_PREEMPT_DIR`), every rank reads it at the step boundary and the ranks agree (one
   all-gather), so the checkpoint, a collective, is written by all of them after the same step. Each
   node's local rank 0 writes `outcome.json` there; the launcher then raises `Preempted` itself.
+
+`Preempted` is a BaseException the checkpoint writer looks for too (`preempted_in`): a save abandoned past
+the budget surfaces wrapped in the checkpoint library's own exceptions and must still end the run as
+preempted (KILLED), not as failed. The launcher's side is orchestration/preempt.py.
 """
 
 from __future__ import annotations
@@ -28,8 +32,68 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-# the exception and the walk over exception chains live below the launcher (the checkpoint writer uses them)
-from train.preempted import Preempted, exceptions_in, preempted_in  # noqa: F401
+
+class Preempted(BaseException):
+    """A run stopped on a preemption signal (a BaseException, as KeyboardInterrupt: an abandoned step
+    may be inside code that catches Exception). `checkpoint`: the step folder written on the way out
+    (None: none was due or it was abandoned); `step`: the last step completed; `saving`: abandoned
+    during the save of `step` (else during the step after it). It survives pickling: code it crosses
+    (torch.distributed.checkpoint gathers the ranks' exceptions) may copy it."""
+
+    def __init__(self, signame: str, step: int, checkpoint: str | None = None, abandoned: bool = False,
+                 received_at: float | None = None, saving: bool = False) -> None:  # fmt: skip
+        self.signame, self.step, self.checkpoint, self.abandoned = signame, step, checkpoint, abandoned
+        self.received_at = received_at if received_at is not None else time.time()
+        self.saving = saving
+        super().__init__(self.describe())
+
+    def __reduce__(self):  # BaseException's would call __init__ with the message alone
+        return (Preempted, (self.signame, self.step, self.checkpoint, self.abandoned, self.received_at,
+                            self.saving))  # fmt: skip
+
+    @property
+    def signum(self) -> int:
+        return int(signal.Signals[self.signame])
+
+    def describe(self) -> str:
+        if self.abandoned:
+            what = f"the save of step {self.step}" if self.saving else f"the step after {self.step}"
+            return f"{self.signame}: {what} abandoned, no checkpoint written on the way out"
+        saved = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint due"
+        return f"{self.signame}: stopped after step {self.step}, {saved}"
+
+    def as_dict(self) -> dict:
+        return {"signal": self.signame, "step": self.step, "checkpoint": self.checkpoint,
+                "abandoned": self.abandoned, "received_at": self.received_at, "exited_at": time.time(),
+                "saving": self.saving}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Preempted:
+        return cls(d["signal"], int(d["step"]), d.get("checkpoint"), bool(d.get("abandoned")),
+                   d.get("received_at"), bool(d.get("saving")))  # fmt: skip
+
+
+def exceptions_in(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then (breadth first) its causes and contexts and the per-rank failures that
+    torch.distributed.checkpoint's CheckpointException carries, each once."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # rank -> (exception, its stack summary)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+
+
+def preempted_in(exc: BaseException) -> Preempted | None:
+    """The `Preempted` inside `exc` (see `exceptions_in`), or None: a save abandoned past the budget
+    ends the run as preempted, not as failed."""
+    return next((e for e in exceptions_in(exc) if isinstance(e, Preempted)), None)
+
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 CONTROL_DIR_ENV = "RLPOST_PREEMPT_DIR"  # set by the launcher for its ranks: request / outcome.json
