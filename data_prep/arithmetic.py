@@ -17,11 +17,10 @@ The same numbers with different wording therefore never appear on both sides.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Mapping, Sequence
 
-from data_prep.schema import extra_info_of, make_row, splits_parser, write_splits
+from data_prep.schema import extra_info_of, hashed_split, make_row, splits_parser, write_splits
 
 DATA_SOURCE = "arithmetic"
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -112,8 +111,7 @@ def evaluate(operands: Sequence[int], operators: Sequence[str]) -> int:
 
 def split_of(level: int, operands: Sequence[int], operators: Sequence[str]) -> str:
     """The fixed split of an arithmetic problem, from a hash of its numbers (independent of seed and wording)."""
-    key = f"{level}|{' '.join(map(str, operands))}|{' '.join(operators)}".encode()
-    return "test" if int(hashlib.sha256(key).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
+    return hashed_split(f"{level}|{' '.join(map(str, operands))}|{' '.join(operators)}", TEST_PERCENT)
 
 
 def _word_problem(

@@ -34,11 +34,10 @@ prompts never appear in training, whatever the seed. ``python -m data_prep.multi
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 
-from data_prep.schema import extra_info_of, make_row, splits_parser, write_splits
+from data_prep.schema import extra_info_of, hashed_split, make_row, splits_parser, write_splits
 
 DATA_SOURCE = "multi_answer"
 INSTRUCTION = "Give only the number as your answer."
@@ -131,8 +130,7 @@ SPREAD_FAMILIES: tuple[str, ...] = ("between", "between", "between", "parity")
 
 def split_of(family: str, params: dict) -> str:
     """The fixed split of a prompt, from a hash of its family and parameters (not of seed or order)."""
-    key = f"{family}|{sorted(params.items())}".encode()
-    return "test" if int(hashlib.sha256(key).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
+    return hashed_split(f"{family}|{sorted(params.items())}", TEST_PERCENT)
 
 
 def parse_answers(ground_truth: str) -> frozenset[int]:

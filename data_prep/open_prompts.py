@@ -8,10 +8,9 @@ Real WildChat prompts: `python -m data_prep.chat_jsonl --input wildchat.jsonl --
 
 from __future__ import annotations
 
-import hashlib
 import random
 
-from data_prep.schema import make_row
+from data_prep.schema import hashed_split, make_row
 
 DATA_SOURCE = "open_prompts"
 TEST_PERCENT = 20
@@ -40,8 +39,7 @@ _SUBJECTS = [
 
 def split_of(text: str) -> str:
     """A fixed split per prompt text (independent of the seed), so train and test never share a prompt."""
-    bucket = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 100
-    return "test" if bucket < TEST_PERCENT else "train"
+    return hashed_split(text, TEST_PERCENT)
 
 
 def generate(n: int, seed: int, split: str = "train") -> list[dict]:

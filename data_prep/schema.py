@@ -18,6 +18,7 @@ whereas pandas would turn it into numpy object arrays that chat templates do not
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 from collections import Counter
@@ -162,6 +163,13 @@ def read_parquet(path: str | os.PathLike, hint: str = DEFAULT_HINT) -> list[dict
     for i, row in enumerate(rows):
         validate_row(row, f"{path}: row {i}")
     return rows
+
+
+def hashed_split(key: str | bytes, test_percent: int) -> str:
+    """ "test" for `test_percent`% of keys, else "train", by a hash of the key: a problem's split is fixed by
+    what it is (never by the seed or its position), so train and test never share one."""
+    data = key.encode() if isinstance(key, str) else key
+    return "test" if int(hashlib.sha256(data).hexdigest(), 16) % 100 < test_percent else "train"
 
 
 def splits_parser(doc: str, train_size: int, test_size: int) -> argparse.ArgumentParser:

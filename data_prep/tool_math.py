@@ -25,7 +25,7 @@ import json
 import random
 from pathlib import Path
 
-from data_prep.schema import extra_info_of, make_row, write_parquet
+from data_prep.schema import extra_info_of, hashed_split, make_row, write_parquet
 
 # the price catalog of the chained task: a price is a function of the item's name, the same in every process,
 # so the gold answer here and the `catalog` tool's answer (train/env/tools/catalog.py) agree
@@ -49,8 +49,7 @@ TOOLS_OF = {"product": ["calculator"], "sum": ["calculator"], "chain": ["catalog
 
 
 def _split_of(family: str, numbers: list, item: str = "") -> str:
-    key = json.dumps([family, numbers, item]).encode()
-    return "test" if int(hashlib.sha256(key).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
+    return hashed_split(json.dumps([family, numbers, item]), TEST_PERCENT)
 
 
 def _problem(rng: random.Random, family: str) -> tuple[str, str, dict]:
