@@ -190,13 +190,57 @@ def _record_problem(r) -> str | None:
     return None
 
 
+def _named_runs(c, run_ids: list[str], uri, errors: list[str]) -> list[dict]:
+    """The rows of `--run` ids; an unknown id is a line in `errors`."""
+    from analysis.store import group_label
+    from infra.tracking import tracking_uri
+
+    rows = []
+    for rid in run_ids:
+        try:
+            run = c.get_run(rid)
+        except Exception:  # noqa: BLE001 - a wrong id is a line on the page
+            errors.append(f"--run {rid}: no such MLflow run in {uri or tracking_uri()}")
+            continue
+        rows.append(
+            {
+                "run_id": rid,
+                "run_name": run.info.run_name or rid[:8],
+                "arm": group_label(run.data.tags.get("rlpost.grid_point"), run.info.run_name or rid[:8]),
+                "seed": run.data.params.get("seed", ""),
+            }
+        )
+    return rows
+
+
+def _experiment_runs(experiment: str | None, sweep: str | None, uri) -> list[dict] | None:
+    """The rows of an experiment's runs (its newest sweep, or `sweep`), by arm and name, at most MAX_RUNS;
+    None when the store holds none of its runs."""
+    from analysis.arms import experiment_arms, select_runs, with_arms
+    from analysis.store import load_runs
+
+    table = load_runs(experiment, sweep=sweep, uri=uri)
+    if table.empty:
+        return None
+    table = with_arms(table, experiment_arms(experiment) if experiment else {})
+    table = select_runs(table, sweep) if experiment else table
+    return [
+        {
+            "run_id": r["run_id"],
+            "run_name": r["run_name"],
+            "arm": r["arm"],
+            "seed": r.get("param:seed", "") if isinstance(r.get("param:seed", ""), str) else "",
+        }
+        for _, r in table.sort_values(["arm", "run_name"]).head(MAX_RUNS).iterrows()
+    ]
+
+
 def find_runs(
     experiment: str | None = None, sweep: str | None = None, run_ids: list[str] | None = None, uri=None
 ) -> tuple[list[dict], list[str]]:
     """The runs to show: `run_ids`, else the experiment's (its newest sweep, or `sweep`), labelled by
     arm and seed. Returns (runs, one-line problems)."""
-    from analysis.arms import experiment_arms, select_runs, with_arms
-    from analysis.store import client, group_label, load_runs
+    from analysis.store import client
     from infra.tracking import store_exists, tracking_uri
 
     if not store_exists(uri):
@@ -206,39 +250,14 @@ def find_runs(
     c = client(uri)
     errors: list[str] = []
     if run_ids:
-        rows = []
-        for rid in run_ids:
-            try:
-                run = c.get_run(rid)
-            except Exception:  # noqa: BLE001 - a wrong id is a line on the page
-                errors.append(f"--run {rid}: no such MLflow run in {uri or tracking_uri()}")
-                continue
-            rows.append(
-                {
-                    "run_id": rid,
-                    "run_name": run.info.run_name or rid[:8],
-                    "arm": group_label(run.data.tags.get("rlpost.grid_point"), run.info.run_name or rid[:8]),
-                    "seed": run.data.params.get("seed", ""),
-                }
-            )
+        rows = _named_runs(c, run_ids, uri, errors)
     else:
-        table = load_runs(experiment, sweep=sweep, uri=uri)
-        if table.empty:
+        rows = _experiment_runs(experiment, sweep, uri)
+        if rows is None:
             what = f"experiment {experiment}" if experiment else "the store"
             return [], [
                 f"no runs in {what}{f' for sweep {sweep}' if sweep else ''} ({uri or tracking_uri()})"
             ]
-        table = with_arms(table, experiment_arms(experiment) if experiment else {})
-        table = select_runs(table, sweep) if experiment else table
-        rows = [
-            {
-                "run_id": r["run_id"],
-                "run_name": r["run_name"],
-                "arm": r["arm"],
-                "seed": r.get("param:seed", "") if isinstance(r.get("param:seed", ""), str) else "",
-            }
-            for _, r in table.sort_values(["arm", "run_name"]).head(MAX_RUNS).iterrows()
-        ]
     runs = []
     for row in rows:
         info = c.get_run(row["run_id"]).info
