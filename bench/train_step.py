@@ -297,25 +297,12 @@ def _trl_config_kwargs(args, out_dir: str) -> dict:
     }
 
 
-def run_trl(args) -> dict:
-    import torch
-    from datasets import Dataset
+def _timed_trl_classes(args, prompt_lens: list[int], steps: list[dict]):
+    """(a GRPOTrainer that times its generation and reward, a callback that appends each step's figures to
+    `steps`): TRL only logs those times to wandb/mlflow/trackio."""
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    from train.rewards.math_reward import MathReward
-
-    torch.set_num_threads(args.threads)
-    rows, prompt_lens = _step_prompts(args)
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in rows])
-    reward = MathReward()
-
-    def math_reward(prompts, completions, ground_truth, **kwargs):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        result = reward([{"ground_truth": g} for g in ground_truth], texts, list(range(len(texts))))
-        return result.scores
-
-    steps: list[dict] = []
     current: dict = {}
 
     class TimedGRPOTrainer(GRPOTrainer):
@@ -353,6 +340,28 @@ def run_trl(args) -> dict:
             steps.append(s)
             print(f"[bench] trl step {state.global_step}: {s['step_s']:.2f}s", flush=True)
 
+    return TimedGRPOTrainer, StepTimer
+
+
+def run_trl(args) -> dict:
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from train.rewards.math_reward import MathReward
+
+    torch.set_num_threads(args.threads)
+    rows, prompt_lens = _step_prompts(args)
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in rows])
+    reward = MathReward()
+
+    def math_reward(prompts, completions, ground_truth, **kwargs):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        result = reward([{"ground_truth": g} for g in ground_truth], texts, list(range(len(texts))))
+        return result.scores
+
+    steps: list[dict] = []
+    TimedGRPOTrainer, StepTimer = _timed_trl_classes(args, prompt_lens, steps)
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as out_dir:
         config = GRPOConfig(**_trl_config_kwargs(args, out_dir))
         trainer = TimedGRPOTrainer(
