@@ -107,26 +107,13 @@ class TrainPoint(submitit.helpers.Checkpointable):
                 "rlpost.job_restart": str(env["restart"]),
             }
             write_status(run_dir, "running", **env)
-            if cfg.get("pipeline"):
-                from orchestration.pipeline import run_point as run
-            else:
+            if not cfg.get("pipeline"):
                 from train.config import merge_layers, train_schema
-                from train.stages.grpo import run
 
                 # onto the current schema: a point submitted before a new config key was added (a
                 # resumed old sweep) gets that key's default instead of failing on a missing key
                 cfg = merge_layers(OmegaConf.structured(train_schema()), [cfg])
-
-            if cfg.get("world_size", 1) > 1 and "RANK" not in os.environ and not cfg.get("pipeline"):
-                from orchestration.ranks import launch_ranks
-                from train.progress import read_progress
-
-                code = launch_ranks(cfg)  # the ranks train; their last metrics are in progress.json
-                if code:
-                    raise RuntimeError(f"training ranks exited with status {code} (see the job log)")
-                result = read_progress(run_dir).get("metrics", {})
-            else:
-                result = run(cfg)
+            result = _run_point(cfg, run_dir)
             write_status(run_dir, "done", **env, metrics=result)
             return result
         except Preempted as stop:  # checkpointed (or abandoned) and the MLflow run marked KILLED
@@ -160,6 +147,26 @@ class TrainPoint(submitit.helpers.Checkpointable):
         """Preempted / timed out: requeue the same call; the trainer's checkpoints carry the state."""
         self.preempted = True
         return submitit.helpers.DelayedSubmission(TrainPoint(), cfg_yaml, *args, **kwargs)
+
+
+def _run_point(cfg, run_dir: Path) -> dict:
+    """Train the point here (a pipeline's stages, or one GRPO run; its ranks under torchrun when
+    world_size > 1) and return its last metrics."""
+    if cfg.get("pipeline"):
+        from orchestration.pipeline import run_point
+
+        return run_point(cfg)
+    if cfg.get("world_size", 1) > 1 and "RANK" not in os.environ:
+        from orchestration.ranks import launch_ranks
+        from train.progress import read_progress
+
+        code = launch_ranks(cfg)  # the ranks train; their last metrics are in progress.json
+        if code:
+            raise RuntimeError(f"training ranks exited with status {code} (see the job log)")
+        return read_progress(run_dir).get("metrics", {})
+    from train.stages.grpo import run
+
+    return run(cfg)
 
 
 def _task_id() -> int:
