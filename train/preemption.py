@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -126,6 +127,7 @@ class PreemptWatch:
         self.abandoned: Preempted | None = None  # what `_abandon` raised (a library may replace it)
         self.control = Path(os.environ[CONTROL_DIR_ENV]) if os.environ.get(CONTROL_DIR_ENV) else None
         self._previous: dict[int, object] = {}
+        self._previous_unraisable: Callable | None = None
 
     def __enter__(self) -> PreemptWatch:
         if threading.current_thread() is not threading.main_thread():
@@ -136,6 +138,7 @@ class PreemptWatch:
                 continue  # our launcher handles it
             self._previous[sig] = previous
             signal.signal(sig, self._on_signal)
+        self._previous_unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc) -> None:
@@ -143,6 +146,16 @@ class PreemptWatch:
         for sig, previous in self._previous.items():  # SIGALRM's too, when the grace timer was set
             signal.signal(sig, previous)
         self._previous.clear()
+        if self._previous_unraisable is not None:
+            sys.unraisablehook, self._previous_unraisable = self._previous_unraisable, None
+
+    def _unraisable(self, unraisable) -> None:
+        """The abandon landed where Python cannot raise (a GC or weakref callback, a __del__: CPython prints
+        "Exception ignored" and goes on): raise it again at the next point that can, at once."""
+        if self.abandoned is not None and unraisable.exc_value is self.abandoned:
+            self._arm(1e-3)
+            return
+        (self._previous_unraisable or sys.__unraisablehook__)(unraisable)
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.signum is not None:
