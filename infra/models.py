@@ -110,17 +110,12 @@ def bench_model(name: str) -> tuple[str, tempfile.TemporaryDirectory | None]:
     return str(build_tiny_model(Path(tmp.name) / "model")), tmp
 
 
-def build_tiny_model(out_dir: Path, hidden_size: int = 128, num_layers: int = 2, seed: int = 0) -> Path:
-    """A small random Llama with the embedded model's tokenizer, for tests that must not download.
+def tiny_llama_config(tokenizer, hidden_size: int = 128, num_layers: int = 2, **extra):
+    """The tests' small Llama shape over the embedded model's tokenizer (`extra`: e.g. num_labels for a
+    reward model). Heads are 64 wide: vLLM's CPU attention kernels support only some head sizes."""
+    from transformers import LlamaConfig
 
-    Heads are 64 wide: vLLM's CPU attention kernels support only some head sizes.
-    """
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    src = ensure_default_model()
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -133,7 +128,19 @@ def build_tiny_model(out_dir: Path, hidden_size: int = 128, num_layers: int = 2,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **extra,
     )
+
+
+def build_tiny_model(out_dir: Path, hidden_size: int = 128, num_layers: int = 2, seed: int = 0) -> Path:
+    """A small random Llama (`tiny_llama_config`) with the embedded model's tokenizer, for tests that must
+    not download."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    src = ensure_default_model()
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    config = tiny_llama_config(tokenizer, hidden_size, num_layers)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     out_dir.mkdir(parents=True, exist_ok=True)

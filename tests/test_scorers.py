@@ -30,20 +30,12 @@ RESPONSES = [
 @pytest.fixture(scope="module")
 def reward_model(tiny_model, tmp_path_factory) -> Path:
     """A random 2-layer LlamaForSequenceClassification with one output and the real tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    from infra.models import tiny_llama_config
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=64,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = tiny_llama_config(tokenizer, hidden_size=64, num_labels=1)
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(config)
     torch.nn.init.normal_(model.score.weight, std=1.0)  # spread the scores
