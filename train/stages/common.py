@@ -134,9 +134,15 @@ class OfflineStage(TrainingLoop):
     """A loop over a fixed dataset of `data.batch_size` examples a step (SFT, DPO): validation when
     `data.val_path` is set, runs tagged with their stage kind."""
 
+    accuracy_items: tuple | list = ()  # (prompt ids, gold) of this rank's validation prompts with a gold
+
     @property
     def examples_per_step(self) -> int:
         return self.cfg.data.batch_size
+
+    def set_accuracy_items(self, prompts: list[list[int]], golds: list[str]) -> None:
+        """What `val_accuracy` greedy-decodes: the validation prompts with a gold answer, this rank's share."""
+        self.accuracy_items = [(x, g) for x, g in zip(prompts, golds) if g][self.rank :: self.world]
 
     def has_validation(self) -> bool:
         return bool(self.cfg.data.val_path)

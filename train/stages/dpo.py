@@ -126,7 +126,6 @@ class DPOTrainer(OfflineStage):
 
     def load_data(self) -> None:
         cfg, d = self.cfg, self.cfg.data
-        self.accuracy_items: list[tuple[list[int], str]] = []  # (prompt ids, gold) of this rank
         pairs = load_pairs(d.train_path, d.builtin_size, cfg.seed, split="train")
         self.prompts, self.chosen, self.rejected, _, dropped = encode_pairs(
             self.tokenizer, pairs, d.max_tokens
@@ -141,7 +140,7 @@ class DPOTrainer(OfflineStage):
             val_pairs = load_pairs(d.val_path, d.val_size, cfg.seed, split="test")[: d.val_size]
             p, c, r, golds, _ = encode_pairs(self.tokenizer, val_pairs, d.max_tokens)
             self.val = (p, c, r)
-            self.accuracy_items = [(x, g) for x, g in zip(p, golds) if g][self.rank :: self.world]
+            self.set_accuracy_items(p, golds)
 
     def setup(self) -> None:
         self.ref_train, self.ref_val = self._reference_logprobs()

@@ -187,7 +187,6 @@ class SFTTrainer(OfflineStage):
 
     def load_data(self) -> None:
         cfg, d = self.cfg, self.cfg.data
-        self.accuracy_items: list[tuple[list[int], str]] = []  # (prompt ids, gold) of this rank
         rows = load_sft_rows(d.train_path, d.builtin_size, cfg.seed, split="train")
         self.prompts, self.responses, _, dropped, masks = encode_examples(
             self.tokenizer, rows, d.max_tokens, d.min_tokens, d.max_response_tokens
@@ -224,7 +223,7 @@ class SFTTrainer(OfflineStage):
             p, r, golds, _, m = encode_examples(self.tokenizer, val_rows, d.max_tokens)
             self.val = (p[self.rank :: self.world], r[self.rank :: self.world])
             self.val_masks = m[self.rank :: self.world]
-            self.accuracy_items = [(x, g) for x, g in zip(p, golds) if g][self.rank :: self.world]
+            self.set_accuracy_items(p, golds)
 
     def step(self, step: int) -> dict[str, float]:
         d = self.cfg.data
