@@ -280,7 +280,9 @@ class AgentRollout:
         elif t.env is not None:
             if t.turns >= self.max_turns:
                 return self._finish(t, "max_turns")
-            waiting.append(_Pending(t, [self.pool.submit(t.env.step, out.text)], ["env"], time.monotonic(), True))
+            waiting.append(
+                _Pending(t, [self.pool.submit(t.env.step, out.text)], ["env"], time.monotonic(), True)
+            )
         else:
             self._finish(t, "turn_length" if t.open_turn else "answered")
 
