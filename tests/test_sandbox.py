@@ -1,10 +1,16 @@
-"""The sandbox against hostile programs, under each mechanism (bubblewrap skipped where it cannot run): each
-gives one error result, returns within its limits, and leaves the caller, the machine and other sandboxes
-untouched. Plus the python tool's messages and the mechanism's one log line."""
+"""The sandbox against hostile programs, under each mechanism (one skipped where it cannot run, e.g. bubblewrap
+not installed, unshare without root): each gives one error result, returns within its limits, and leaves the
+caller, the machine and other sandboxes untouched. What each mechanism isolates is measured one property per
+test and must match ISOLATES (the table in docs/agents.md). Plus the python tool's messages and the choice of
+mechanism (its one log line, the refusal to fall back to process limits alone)."""
 
+import glob
 import json
 import os
+import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -19,9 +25,15 @@ from train.env.tools.python import PythonTool
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.geteuid() == 0
 FAST = sandbox.Limits(wall_s=2, cpu_s=1, memory_mb=256, max_procs=8)
+# What each mechanism keeps from the program (True: isolated), as the tests below measure it
+ISOLATES = {
+    "bwrap": {"files": True, "cmdlines": True, "loopback": True, "disk": True, "environ": True},
+    "unshare": {"files": True, "cmdlines": True, "loopback": True, "disk": True, "environ": True},
+    "rlimits": {"files": False, "cmdlines": False, "loopback": False, "disk": False, "environ": ROOT},
+}
 
 
-@pytest.fixture(params=["bwrap", "rlimits"])
+@pytest.fixture(params=["bwrap", "unshare", "rlimits"])
 def mechanism(request):
     try:
         sandbox.choose(request.param)
@@ -87,8 +99,8 @@ def test_fork_bomb_is_capped_and_leaves_nothing(mechanism):
         watcher.join()
     assert result.killed and result.reason == "wall time 2 s exceeded"
     assert time.monotonic() - start < FAST.wall_s + 2
-    # it did fork, but no further than max_procs (+ bubblewrap's own two processes)
-    assert 3 <= peak[0] <= FAST.max_procs + (2 if mechanism == "bwrap" else 0)
+    # it did fork, but no further than max_procs (+ bubblewrap's own two processes, or unshare's launcher and init)
+    assert 3 <= peak[0] <= FAST.max_procs + (0 if mechanism == "rlimits" else 2)
     assert sandbox_processes() == []  # nothing of it survives
 
 
@@ -130,16 +142,16 @@ def test_printing_100_mb_is_cut_and_returns_quickly(mechanism):
     assert big.killed and len(big.stdout) == 65536
 
 
-def test_environment_and_secrets_are_invisible(mechanism, monkeypatch):
+def test_reads_the_trainers_environment(mechanism, monkeypatch):
     secret = f"sk-test-{uuid.uuid4().hex}"
     monkeypatch.setenv("RLPOST_FAKE_API_KEY", secret)
     holder = subprocess.Popen(["sleep", "30"], env={"RLPOST_FAKE_API_KEY": secret})  # a process with the key
-    program = """
+    program = f"""
 import json, os
 print(json.dumps(sorted(os.environ)))
-for pid in os.listdir('/proc'):
+for pid in ['{os.getpid()}', *os.listdir('/proc')]:
     try:
-        print(pid, open(f'/proc/{pid}/environ', 'rb').read())
+        print(pid, open(f'/proc/{{pid}}/environ', 'rb').read())
     except (OSError, ValueError) as exc:
         pass
 """
@@ -151,9 +163,122 @@ for pid in os.listdir('/proc'):
     assert result.ok, result.stderr
     names = json.loads(result.stdout.splitlines()[0])
     assert set(names) <= {"PWD", "LC_CTYPE"}  # bwrap's --chdir sets PWD, Python its C.UTF-8 locale
-    if mechanism == "rlimits" and not ROOT:
-        pytest.skip("process limits without root: /proc/<pid>/environ of the same uid stays readable")
-    assert secret not in result.stdout + result.stderr
+    assert (secret not in result.stdout + result.stderr) == ISOLATES[mechanism]["environ"]
+
+
+def test_reads_a_world_readable_file_outside_its_folder(mechanism):
+    folder = tempfile.mkdtemp()
+    paths = [os.path.join(folder, "notes.txt"), f"/var/tmp/rlpost-probe-{uuid.uuid4().hex}"]
+    try:
+        os.chmod(folder, 0o755)
+        for path in paths:
+            with open(path, "w") as f:
+                f.write("the trainer's")
+            os.chmod(path, 0o644)
+        probe = [*paths, os.path.join(REPO, "pyproject.toml")]
+        program = f"for path in {probe!r}:\n    try:\n        open(path).read(1)\n        print(path)\n"
+        result = sandbox.run(program + "    except OSError:\n        pass\n", FAST, mechanism)
+    finally:
+        for path in paths:
+            os.unlink(path)
+        os.rmdir(folder)
+    assert result.ok, result.stderr
+    read = result.stdout.split()
+    assert (read == []) == ISOLATES[mechanism]["files"], read
+    if not ISOLATES[mechanism]["files"]:
+        assert paths[0] in read  # a world-readable file in the shared /tmp
+
+
+def test_lists_other_processes_command_lines(mechanism):
+    marker = uuid.uuid4().hex
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", marker])
+    program = f"""
+import os
+seen = []
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        seen.append(open(f'/proc/{{pid}}/cmdline', 'rb').read())
+    except OSError:
+        pass
+print(len(seen), any(b'{marker}' in cmdline for cmdline in seen))
+"""
+    try:
+        result = sandbox.run(program, FAST, mechanism)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.ok, result.stderr
+    count, found = result.stdout.split()
+    assert (found == "False") == ISOLATES[mechanism]["cmdlines"], count
+    if ISOLATES[mechanism]["cmdlines"]:
+        assert count == "2"  # its pid namespace's init and itself
+
+
+def test_connects_to_a_loopback_listener(mechanism):
+    accepted = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.05)
+        stop = threading.Event()
+
+        def answer():
+            while not stop.is_set():
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    accepted.append(True)
+                    conn.sendall(b"hello")
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        port = server.getsockname()[1]
+        program = f"""
+import socket
+try:
+    with socket.create_connection(('127.0.0.1', {port}), timeout=1) as conn:
+        print(conn.recv(5).decode())
+except OSError as exc:
+    print('unreachable', exc.errno)
+"""
+        try:
+            result = sandbox.run(program, FAST, mechanism)
+        finally:
+            stop.set()
+            thread.join()
+    assert result.ok, result.stderr
+    reached = result.stdout.strip() == "hello"
+    assert reached == bool(accepted) and reached != ISOLATES[mechanism]["loopback"], result.stdout
+
+
+def test_writes_past_disk_mb(mechanism):
+    limits = sandbox.Limits(wall_s=10, cpu_s=5, disk_mb=8, file_mb=4)
+    prefix = f"rlpost-fill-{uuid.uuid4().hex}"
+    program = f"""
+import os
+for folder in ('.', '/tmp', '/dev/shm'):
+    mb = 0
+    for i in range(4):  # 16 MB in files of 4 MB (file_mb), twice disk_mb
+        try:
+            with open(os.path.join(folder, '{prefix}-' + str(i)), 'wb') as f:
+                f.write(bytes(4 << 20))
+            mb += 4
+        except OSError:
+            break
+    print(folder, mb)
+"""
+    try:
+        result = sandbox.run(program, limits, mechanism)
+    finally:
+        for path in glob.glob(f"/tmp/{prefix}-*") + glob.glob(f"/dev/shm/{prefix}-*"):
+            os.unlink(path)  # left by rlimits without root (as root its files are swept)
+    assert result.ok, result.stderr
+    written = {line.split()[0]: int(line.split()[1]) for line in result.stdout.splitlines()}
+    capped = all(mb <= limits.disk_mb for mb in written.values())
+    expected = ISOLATES[mechanism]["disk"] and sandbox.choose(mechanism).sized_tmpfs  # bwrap < 0.8: no --size
+    assert capped == expected, written
+    if mechanism == "unshare":
+        assert sum(written.values()) <= limits.disk_mb  # one cap for all three
 
 
 def test_writes_outside_the_working_folder_do_not_land(mechanism):
@@ -181,7 +306,7 @@ for path in {outside!r}:
     if mechanism == "bwrap":
         assert f"refused {outside[0]}" in result.stdout  # /tmp is read-only inside
     for path in outside:
-        assert not os.path.exists(path)  # under rlimits a /tmp write lands, and is swept afterwards
+        assert not os.path.exists(path)  # rlimits: a /tmp write lands and is swept; unshare: a private /tmp
     assert not os.path.exists(lines[0])  # the working folder is gone
 
 
@@ -213,14 +338,27 @@ print(json.dumps([{i}, sorted(os.listdir('.')), os.getuid()]))
 
 def test_mechanism_is_chosen_once_and_logged(monkeypatch, capsys):
     monkeypatch.setattr(sandbox, "_chosen", {})
-    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH: auto falls back, bwrap refuses
-    first = sandbox.choose("auto")
-    assert sandbox.choose("auto") is first and first.name == "rlimits"
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sandbox: process limits (bwrap not found")
-    with pytest.raises(RuntimeError, match="bwrap: not usable here \\(not found\\)"):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH: auto takes unshare, or refuses
+    try:
+        first = sandbox.choose("auto")
+    except RuntimeError as exc:  # unshare not usable either (this caller is not root, or lacks CAP_SYS_ADMIN)
+        assert str(exc).startswith(
+            "sandbox: nothing here isolates the python tool (bwrap not found; unshare "
+        )
+        assert "opt in to process limits alone with the tool's mechanism=rlimits" in str(exc)
+        assert capsys.readouterr().err == ""
+    else:
+        assert ROOT and sandbox.choose("auto") is first and first.name == "unshare"
+        line = f"sandbox: namespaces by unshare(2) (bwrap not found; python {first.python}, uids 64000+)"
+        assert capsys.readouterr().err.splitlines() == [line]
+    opted = sandbox.choose("rlimits")  # the opt-in says what it leaves open
+    assert capsys.readouterr().err.startswith(
+        "sandbox: process limits alone (mechanism=rlimits: the network, world-readable files and other "
+        f"processes stay reachable, disk is unbounded; python {opted.python}"
+    )
+    with pytest.raises(RuntimeError, match="bwrap: not usable here \\(not found\\); install bubblewrap"):
         sandbox.choose("bwrap")
-    with pytest.raises(ValueError, match="expected one of auto, bwrap, rlimits"):
+    with pytest.raises(ValueError, match="expected one of auto, bwrap, unshare, rlimits"):
         sandbox.choose("docker")
     with pytest.raises(ValueError, match="wall_s=0"):
         sandbox.Limits(wall_s=0)
@@ -252,10 +390,11 @@ UNPRIVILEGED = """
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from train.env import sandbox
+from train.env.tools.python import PythonTool
 bomb = "import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n"
 escape = "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(30)\\nprint('parent done')"
 out = {}
-for mechanism in ("bwrap", "rlimits"):
+for mechanism in ("bwrap", "unshare", "rlimits"):
     try:
         sandbox.choose(mechanism)
     except RuntimeError as exc:
@@ -264,17 +403,27 @@ for mechanism in ("bwrap", "rlimits"):
     limits = sandbox.Limits(wall_s=1, cpu_s=1, max_procs=8)
     runs = [sandbox.run(src, limits, mechanism) for src in (bomb, escape, "print('x' * 10**7)")]
     out[mechanism] = [[r.killed, r.reason, len(r.stdout)] for r in runs]
+    caller = sandbox.run(f"print(open('/proc/{os.getpid()}/environ').read())", limits, mechanism).stdout
+    out[mechanism].append(os.environ["RLPOST_FAKE_API_KEY"] in caller)  # this caller's environment read
+os.environ["PATH"] = "/nonexistent"  # no bwrap, and no root for unshare: the tool refuses at its start
+sandbox._chosen.clear()
+try:
+    PythonTool()
+except RuntimeError as exc:
+    out["auto"] = str(exc)
 print(json.dumps(out))
 """
 
 
 @pytest.mark.skipif(not ROOT, reason="runs the caller as an unprivileged uid, which needs root")
 def test_unprivileged_caller():
-    """The paths a caller without root takes (own uid, session and namespace kill), run as a uid of no one."""
+    """The paths a caller without root takes (own uid, session and namespace kill; unshare refused, auto refusing
+    without bwrap), run as a uid of no one."""
     uid = sandbox.UID_BASE + sandbox.UID_SLOTS + 1
     python = "/usr/bin/python3"
     done = subprocess.run(
-        [python, "-I", "-c", UNPRIVILEGED, REPO], user=uid, group=uid, extra_groups=[], env={},
+        [python, "-I", "-c", UNPRIVILEGED, REPO], user=uid, group=uid, extra_groups=[],
+        env={"RLPOST_FAKE_API_KEY": f"sk-test-{uuid.uuid4().hex}"},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     if "ModuleNotFoundError" in done.stderr or "PermissionError" in done.stderr:
@@ -282,13 +431,21 @@ def test_unprivileged_caller():
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     assert isinstance(results["rlimits"], list)
+    assert (
+        results["unshare"]
+        == "sandbox mechanism=unshare: not usable here (needs root); run as root (with CAP_SYS_ADMIN)"
+    )
+    assert results.pop("auto").startswith(
+        "sandbox: nothing here isolates the python tool (bwrap not found; unshare needs root): install bubblewrap"
+    )
     for mechanism, runs in results.items():
         if isinstance(runs, str):
-            continue  # bwrap not usable here
+            continue  # bwrap not usable here, unshare not as this uid
         expected = [
             [True, "wall time 1 s exceeded", 0],
             [False, "", 12],
             [True, "output over 65536 bytes", 65536],
+            mechanism == "rlimits",  # the caller's environment: rlimits runs as the caller's own uid
         ]
         assert runs == expected, mechanism
     deadline = time.monotonic() + 2  # a pid namespace is torn down by the kernel, a moment after its end

@@ -4,6 +4,8 @@ Why a tool and not the sandbox itself: the model needs one string back. A clean 
 stderr under a "stderr:" line when there is any; a non-zero exit, a crash or a kill (wall time, CPU time,
 output cap) is a ToolError whose message is the reason and the (truncated) output, so the model sees what
 went wrong, e.g. "killed: wall time 5 s exceeded". The limits are this tool's keywords, set per config.
+The sandbox's mechanism is decided when the tool is built, so a machine where nothing isolates the program
+stops the run at its start with one line naming the opt-in (`mechanism: rlimits`), not at every call.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class PythonTool:
         cpu_s: int | None = None,
         max_procs: int = 16,
         file_mb: int = 16,
+        disk_mb: int = 64,
         mechanism: str = "auto",
     ) -> None:
         if mechanism not in sandbox.MECHANISMS:
@@ -38,15 +41,17 @@ class PythonTool:
             memory_mb=memory_mb,
             max_procs=max_procs,
             file_mb=file_mb,
+            disk_mb=disk_mb,
             max_output_bytes=max_output_bytes,
         )
         self.mechanism = mechanism
+        self.offline = sandbox.choose(mechanism).name != "rlimits"  # rlimits leaves the network reachable
 
     def schema(self) -> dict[str, Any]:
-        limits = self.limits
+        limits, network = self.limits, "no network, " if self.offline else ""
         return one_argument_schema(
             self.name,
-            "Run a Python 3 program (standard library only, no network, no input) and return "
+            f"Run a Python 3 program (standard library only, {network}no input) and return "
             f"what it prints. Use print() to see results. Limits: {limits.wall_s:g} s, "
             f"{limits.memory_mb} MB, {limits.max_output_bytes} bytes of output.",
             "code",
