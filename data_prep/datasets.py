@@ -63,7 +63,7 @@ def _arithmetic_pairs(size: int, seed: int, split: str) -> list[dict]:
 
 
 def _tool_math(size: int, seed: int, split: str) -> list[dict]:
-    """Products and long sums needing a calculator (experiments/tool_math.yaml)."""
+    """Products and long sums needing a calculator, and small sums that do not (experiments/tool_math.yaml)."""
     from data_prep.tool_math import prompt_rows
 
     return prompt_rows(size, seed, split)
@@ -82,6 +82,13 @@ def _sft_tool_math(size: int, seed: int, split: str) -> list[dict]:
     return sft_rows(size, seed, split)
 
 
+def _sft_tool_math_mixed(size: int, seed: int, split: str) -> list[dict]:
+    """The warm-up that calls the tools in only some of the problems asked with them (RL's start)."""
+    from data_prep.tool_math import MIXED_CALL_SHARE, sft_rows
+
+    return sft_rows(size, seed, split, call_share=MIXED_CALL_SHARE)
+
+
 # name -> (kind, generator(size, seed, split))
 BUILTINS: dict[str, tuple[str, Callable[[int, int, str], list[dict]]]] = {
     "arithmetic": ("prompts", _arithmetic),
@@ -93,6 +100,7 @@ BUILTINS: dict[str, tuple[str, Callable[[int, int, str], list[dict]]]] = {
     "tool_math": ("prompts", _tool_math),
     "tool_math_chain": ("prompts", _tool_math_chain),
     "sft_tool_math": ("sft", _sft_tool_math),
+    "sft_tool_math_mixed": ("sft", _sft_tool_math_mixed),
     "arithmetic_pairs": ("pairs", _arithmetic_pairs),
 }
 KIND_NAMES = {"prompts": "prompt", "sft": "SFT", "pairs": "preference"}

@@ -1,18 +1,24 @@
 """Exact arithmetic the embedded model cannot do in its head, and multi-turn traces that use tools for it.
 
-Three families (`FAMILIES`), each asking for one exact integer:
+Four families (`FAMILIES`), each asking for one exact integer:
 
 - `product`: a 3-digit times a 4-digit number ("What is 347 * 5821?");
 - `sum`: four or five numbers of 3-4 digits added up;
+- `small`: a sum of two numbers up to 20 or a product of two digits, which the warmed-up model answers in its
+  head: where a tool cannot help, so a broken one can only hurt (the `broken_calculator` control learns to
+  stop calling on these);
 - `chain`: a price the model must look up first (the `catalog` tool), then multiply: two tool calls in
   sequence, so a trajectory that solves it has at least three model turns.
 
 Train/test disjointness does not depend on the seed: each problem's numbers are hashed to a fixed split.
-`prompt_rows` are GRPO prompts (`builtin:tool_math`, `builtin:tool_math_chain`); `sft_rows` are the SFT
-warm-up (`builtin:sft_tool_math`): for half the problems a trace that calls the tools (`extra_info.tools`
-names them, so the SFT stage describes them in the prompt exactly as a rollout with `env.tools` does), for
-the other half a direct answer with no tool described, so one warm-up serves both arms of
-experiments/tool_math.yaml. The tool results in a trace are the tools' own outputs.
+`prompt_rows` are GRPO prompts (`builtin:tool_math`: product, sum and small; `builtin:tool_math_chain`);
+`sft_rows` are the SFT warm-up. Half its problems are asked with the tools described (`extra_info.tools`
+names them, so the SFT stage describes them in the prompt exactly as a rollout with `env.tools` does), the
+other half without, answered directly (the no-tools arm's start). Of the problems asked with tools, a share
+`call_share` is a trace that calls them and the rest a direct answer: `builtin:sft_tool_math` calls in
+every one (the model learns to always call: nothing left for RL), `builtin:sft_tool_math_mixed` in
+`MIXED_CALL_SHARE` of them, whichever the problem, so the warmed-up model calls sometimes and RL finds out
+when calling pays (experiments/tool_math.yaml). The tool results in a trace are the tools' own outputs.
 
     python -m data_prep.tool_math --out data/tool_math --train-size 2000 --test-size 200
 """
@@ -42,14 +48,22 @@ def price_of(item: str) -> int:
 
 
 DATA_SOURCE = "tool_math"
-FAMILIES = ("product", "sum", "chain")
+FAMILIES = ("product", "sum", "small", "chain")
+PROMPT_FAMILIES = ("product", "sum", "small")  # builtin:tool_math
+MIXED_CALL_SHARE = 0.4
 TEST_PERCENT = 20
 INSTRUCTION = "Give only the final number as your answer."
-TOOLS_OF = {"product": ["calculator"], "sum": ["calculator"], "chain": ["catalog", "calculator"]}
+TOOLS_OF = {
+    "product": ["calculator"],
+    "sum": ["calculator"],
+    "small": ["calculator"],
+    "chain": ["catalog", "calculator"],
+}
 
 
-def _split_of(family: str, numbers: list, item: str = "") -> str:
-    return hashed_split(json.dumps([family, numbers, item]), TEST_PERCENT)
+def _split_of(family: str, numbers: list, item: str = "", expression: str = "") -> str:
+    key = [family, numbers, item] + ([expression] if family == "small" else [])  # 3 + 4 vs 3 * 4
+    return hashed_split(json.dumps(key), TEST_PERCENT)
 
 
 def _problem(rng: random.Random, family: str) -> tuple[str, str, dict]:
@@ -65,6 +79,15 @@ def _problem(rng: random.Random, family: str) -> tuple[str, str, dict]:
         nums = [rng.randint(100, 9999) for _ in range(rng.choice((4, 5)))]
         expr = " + ".join(map(str, nums))
         return f"What is {expr}? {INSTRUCTION}", str(sum(nums)), {"numbers": nums, "expression": expr}
+    if family == "small":
+        if rng.random() < 0.5:
+            a, b, op = rng.randint(1, 20), rng.randint(1, 20), "+"
+            value = a + b
+        else:
+            a, b, op = rng.randint(2, 9), rng.randint(2, 9), "*"
+            value = a * b
+        expr = f"{a} {op} {b}"
+        return f"What is {expr}? {INSTRUCTION}", str(value), {"numbers": [a, b], "expression": expr}
     item, count = rng.choice(ITEMS), rng.randint(100, 9999)
     question = (
         f"A {item} costs some number of cents: look it up in the catalog. "
@@ -74,7 +97,7 @@ def _problem(rng: random.Random, family: str) -> tuple[str, str, dict]:
 
 
 def prompt_rows(
-    n: int, seed: int, split: str = "train", families: tuple[str, ...] = ("product", "sum")
+    n: int, seed: int, split: str = "train", families: tuple[str, ...] = PROMPT_FAMILIES
 ) -> list[dict]:
     """`n` problems of `split` drawn round-robin from `families`."""
     rng, rows, k = random.Random(seed * 7919 + len(families)), [], 0
@@ -82,7 +105,7 @@ def prompt_rows(
         family = families[k % len(families)]
         k += 1
         question, gold, info = _problem(rng, family)
-        if _split_of(family, info["numbers"], info.get("item", "")) != split:
+        if _split_of(family, info["numbers"], info.get("item", ""), info.get("expression", "")) != split:
             continue
         info.update(family=family, split=split, tools=TOOLS_OF[family])
         rows.append(make_row(DATA_SOURCE, [{"role": "user", "content": question}], gold, info))
@@ -114,19 +137,18 @@ def trace(row: dict) -> list[dict]:
     ]
 
 
-def sft_rows(n: int, seed: int, split: str = "train") -> list[dict]:
-    """The warm-up: every other problem as a tool trace (its tools in extra_info), the rest answered directly."""
-    rows = []
+def sft_rows(n: int, seed: int, split: str = "train", call_share: float = 1.0) -> list[dict]:
+    """The warm-up: every other problem asked with its tools described (in extra_info), of which a share
+    `call_share` (drawn per problem, whatever its family) is a trace calling them and the rest a direct
+    answer; the other problems asked without tools and answered directly."""
+    rows, rng = [], random.Random(seed * 104729 + 1)
     for k, row in enumerate(prompt_rows(n, seed, split, FAMILIES)):
         info = extra_info_of(row)
+        direct = [*row["prompt"], {"role": "assistant", "content": f"The answer is {row['ground_truth']}."}]
         if k % 2 == 0:
-            messages = trace(row)
+            messages = trace(row) if rng.random() < call_share else direct
         else:
-            info["tools"] = []
-            messages = [
-                *row["prompt"],
-                {"role": "assistant", "content": f"The answer is {row['ground_truth']}."},
-            ]
+            info["tools"], messages = [], direct
         rows.append(make_row(DATA_SOURCE, messages, row["ground_truth"], info))
     return rows
 

@@ -33,6 +33,10 @@ def test_golds_are_exact_and_splits_disjoint():
         elif info["family"] == "product":
             a, b = info["numbers"]
             assert 100 <= a <= 999 and 1000 <= b <= 9999 and int(row["ground_truth"]) == a * b
+        elif info["family"] == "small":
+            a, b = info["numbers"]
+            want = a + b if "+" in info["expression"] else a * b
+            assert max(a, b) <= 20 and int(row["ground_truth"]) == want
         else:
             assert len(info["numbers"]) in (4, 5) and int(row["ground_truth"]) == sum(info["numbers"])
 
@@ -48,6 +52,18 @@ def test_sft_rows_mix_traces_and_direct_answers():
     rows = sft_rows(10, seed=0)
     tools = [extra_info_of(r)["tools"] for r in rows]
     assert tools[1::2] == [[]] * 5 and all(t for t in tools[::2])
+    assert all(len(r["prompt"]) > 2 for r in rows[::2])  # with the tools described, every one a trace
+
+
+def test_the_mixed_warm_up_calls_in_a_share_of_the_problems_asked_with_tools():
+    rows = sft_rows(800, seed=0, call_share=0.25)
+    with_tools = [r for r in rows if extra_info_of(r)["tools"]]
+    calls = [r for r in with_tools if any("<tool_call>" in m["content"] for m in r["prompt"])]
+    assert len(with_tools) == 400 and 0.18 < len(calls) / len(with_tools) < 0.32
+    direct = [r for r in with_tools if r not in calls]  # asked with tools, answered without: RL's other path
+    assert all(r["prompt"][-1]["content"] == f"The answer is {r['ground_truth']}." for r in direct)
+    families = {extra_info_of(r)["family"] for r in calls}
+    assert families == set(FAMILIES)  # whichever the problem: the warm-up does not say when calling pays
     chain = next(r for r in prompt_rows(3, 0, families=("chain",)))
     roles = [m["role"] for m in trace(chain)]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]  # two calls in sequence

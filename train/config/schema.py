@@ -266,6 +266,9 @@ class EnvConfig:
     tool_format: str = checked(
         "auto", choices=("auto", "native", "fallback")
     )  # native: the chat template's own tools; fallback: <tool_call> JSON described in the system prompt
+    reward_weight: float = checked(
+        0.0, "finite", lambda x: x == x and abs(x) != float("inf")
+    )  # training reward += this x the environment's and tools' rewards of a trajectory (0: logged only)
 
 
 TRAINERS = ("grpo", "expert_iteration")

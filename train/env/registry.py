@@ -12,6 +12,7 @@ from typing import Any
 
 TOOLS = {
     "calculator": "train.env.tools.calculator.Calculator",
+    "broken_calculator": "train.env.tools.calculator.BrokenCalculator",
     "python": "train.env.tools.python.PythonTool",
     "catalog": "train.env.tools.catalog.Catalog",
 }

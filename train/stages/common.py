@@ -115,11 +115,12 @@ def heldout_pass(loop, prompt_ids: list[list[int]], rows: list[dict]):
     sample = getattr(loop, "sample", None)  # the loop's rollout (multi-turn with env.*), else the engine's
     rollout = sample(prompt_ids, rows, sampling) if sample else loop.engine.generate(prompt_ids, sampling)
     sample_rows = [rows[g] for g in rollout.group_index]
-    reward = loop.reward_fn(sample_rows, rollout.texts, rollout.group_index)
-    if rollout.episodes:  # multi-turn: a trajectory whose environment failed scores 0
-        from train.rollout.agent_loop import zero_failed
-
-        zero_failed(rollout.episodes, reward.scores, reward.correct)
+    score = getattr(loop, "score", None)  # the loop's training reward (whole trajectories), else the reward's
+    reward = (
+        score(sample_rows, rollout)
+        if score
+        else loop.reward_fn(sample_rows, rollout.texts, rollout.group_index)
+    )
     parts = all_gather_objects((reward.scores, reward.correct, rollout.group_index, reward.metrics))
     offset, groups = 0, []
     for p in parts:  # group ids are per rank: make them distinct across ranks

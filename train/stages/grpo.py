@@ -34,8 +34,8 @@ from train.algorithms.classmate import char_span_to_token_span, cot_token_mask
 from train.algorithms.dapo import (
     check_gen_batches,
     filter_values,
-    overlong_penalty,
     select_groups,
+    turn_overlong_penalty,
     varied_groups,
 )
 from train.algorithms.gae import actor_trains_at, value_loss
@@ -48,7 +48,9 @@ from train.heldout_metrics import heldout_metrics
 from train.loop import TrainingLoop, build_engine, engine_dtype, run_loop
 from train.policy.distributed import all_gather_objects, all_reduce_max, all_reduce_sum
 from train.policy.fsdp import Policy
-from train.rollout.agent_loop import env_metrics, zero_failed_trajectories
+from train.rewards.base import RewardResult
+from train.rewards.trajectory import score_rollout
+from train.rollout.agent_loop import env_metrics
 from train.rollout.base import SamplingConfig, step_sampling
 from train.rollout.weight_sync import sync_weights
 from train.stages.common import heldout_pass
@@ -241,6 +243,10 @@ class GRPOTrainer(TrainingLoop):
         return self.engine.generate(prompt_ids, sampling)
 
     @property
+    def score(self, rows: list[dict], rollout: Batch) -> RewardResult:
+        """The training reward of `rollout`'s samples (whole trajectories, env.reward_weight: rewards/trajectory.py)."""
+        return score_rollout(self.reward_fn, rows, rollout, self.cfg.env.reward_weight)
+
     def examples_per_step(self) -> int:
         return self.cfg.data.prompts_per_step
 
@@ -318,9 +324,8 @@ class GRPOTrainer(TrainingLoop):
             batch = Batch.concat(parts)
             overlong = None
             if algo.overlong_buffer_len > 0:  # seq_reward counts DAPO's overlong penalty, as the plug-in does
-                lengths = torch.tensor([len(r) for r in batch.response_ids])
-                overlong = overlong_penalty(
-                    lengths,
+                overlong = turn_overlong_penalty(  # the model's turns only, as the plug-in
+                    batch.padded(batch.model_token_mask()),
                     self.cfg.rollout.max_new_tokens,
                     algo.overlong_buffer_len,
                     algo.overlong_penalty_factor,
@@ -354,8 +359,7 @@ class GRPOTrainer(TrainingLoop):
         times[0] += time.perf_counter() - t
         batch.rows = [self.rows[mine[g]] for g in batch.group_index]
         t = time.perf_counter()
-        batch.add_reward(self.reward_fn(batch.rows, batch.texts, batch.group_index))
-        zero_failed_trajectories(batch)
+        batch.add_reward(self.score(batch.rows, batch))
         times[1] += time.perf_counter() - t
         # environment tokens (multi-turn) are 0: no loss, entropy, KL or per-token figure sees them
         batch["response_mask"] = batch.padded(batch.model_token_mask())
@@ -398,7 +402,7 @@ class GRPOTrainer(TrainingLoop):
             n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens, seed=0
         )
         greedy = self.sample([batch.prompt_ids[i] for i in order], [batch.rows[i] for i in order], sampling)
-        reward = self.reward_fn([batch.rows[i] for i in order], greedy.texts, greedy.group_index)
+        reward = self.score([batch.rows[i] for i in order], greedy)
         return torch.tensor(reward.scores, dtype=torch.float32)[torch.tensor(batch.group_index)]
 
     def _rollout_log_probs(self, batch: Batch, need: str) -> torch.Tensor:

@@ -15,6 +15,7 @@ when not ("7/4 = 1.75", "1/3 ≈ 0.333333333333").
 from __future__ import annotations
 
 import ast
+import hashlib
 import operator
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -156,3 +157,16 @@ def _describe(node: ast.AST, text: str) -> str:
 
 def _short(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+class BrokenCalculator(Calculator):
+    """The control arm's calculator: the same name, schema and errors, but every result is off by a small
+    nonzero amount (about 1% of it, at least 1..3), the same for the same expression. A policy that reads its
+    tool learns to stop trusting it where it can answer without; one that ignores what tools return cannot
+    tell the two calculators apart (the "broken tool" control of Search-R1-style ablations)."""
+
+    def __call__(self, expression: Any = None, **extra: Any) -> str:
+        right = Fraction(super().__call__(expression, **extra).split(" ")[0])
+        digest = hashlib.sha256(str(expression).strip().encode()).digest()
+        size = 1 + int.from_bytes(digest[:4], "big") % max(3, abs(right) // 100)
+        return show(right + (size if digest[4] % 2 else -size))
