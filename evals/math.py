@@ -16,8 +16,10 @@ Format (CS336's format x answer reward, train/rewards/r1_zero_reward.py), over a
 (the response is in `--answer-format`: `boxed`, or `r1_zero`'s "</think> <answer> .. </answer>"),
 `answer_rate` (answer right whatever the format) and the four shares `fmt_{wrong,right}_ans_{wrong,right}`.
 `--tools calculator[,python,...]` answers with tools over several turns through the training rollout's agent
-loop (the same tool and environment code: train/env/): each record keeps its turns, and the summary adds
-`tool_call_rate` (samples that called a tool), `turns_mean`, `tool_calls_mean` and `tool_error_rate`.
+loop (the same tool and environment code: train/env/), in the environment the checkpoint was trained in (its
+run's `env.*`, `--tools` replacing the tools: evals/common/agent_env.py); each record keeps its turns, and
+the summary adds `tool_call_rate` (samples that called a tool), `turns_mean`, `tool_calls_mean` and
+`tool_error_rate`.
 `--datasets builtin:tool_math` (or any `builtin:` prompt set with golds) scores the project's own
 generated test split (`--builtin-size` rows) instead of files.
 `--prompt-template r1_zero` prompts with the course's plain-text R1-Zero prompt instead of the chat prompt
@@ -34,6 +36,7 @@ from pathlib import Path
 from data_prep.math_jsonl import SOURCES, load_math_jsonl
 from data_prep.prompt_templates import TEMPLATES, render
 from data_prep.schema import DatasetError, extra_info_of
+from evals.common.agent_env import agent_env
 from evals.common.cli import main
 from evals.common.generation import Sampling
 from evals.common.metrics import best_of_k_index, group_by_equivalence, majority_index, mean_ci
@@ -124,9 +127,13 @@ def _add_data_and_sampling_args(g) -> None:
     )
     g.add_argument(
         "--tools", default=None,
-        help="comma list of tools (calculator, python, catalog, or a _target_): multi-turn answers",
+        help="comma list of tools (calculator, python, catalog, or a _target_; none: no tools) as env.tools: "
+        "multi-turn answers in the checkpoint's training env (its env.* keys, these tools)",
     )  # fmt: skip
-    g.add_argument("--max-turns", type=int, default=4, help="with --tools: model turns per answer")
+    g.add_argument(
+        "--max-turns", type=int, default=None,
+        help="with --tools: model turns per answer (default: the training run's env.max_turns, else 4)",
+    )  # fmt: skip
     g.add_argument("--builtin-size", type=int, default=200, help="rows of a builtin: dataset's test split")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -187,6 +194,8 @@ class MathSuite:
         _add_scoring_args(g)
 
     def load_items(self, args: argparse.Namespace) -> list[dict]:
+        if getattr(args, "tools", None):  # a bad --tools fails here, before any engine starts
+            agent_env(args.tools, getattr(args, "max_turns", None))
         data_dir = Path(args.data_dir or default_data_dir())
         names = [d.strip() for d in args.datasets.split(",") if d.strip()]
         unknown = [d for d in names if d not in SOURCES and not d.startswith("builtin:")]
@@ -220,13 +229,12 @@ class MathSuite:
         start_workers()  # the grader's workers start while the responses are generated
         episodes = None
         if getattr(a, "tools", None):
-            env = {"tools": [t.strip() for t in a.tools.split(",") if t.strip()], "max_turns": a.max_turns}
-            env["max_total_tokens"] = a.max_tokens * a.max_turns
+            env = agent_env(a.tools, getattr(a, "max_turns", None), getattr(ctx.checkpoint, "path", None))
             outs = ctx.generator.generate_trajectories(
                 [it["prompt"] for it in items],
                 sampling,
                 env,
-                [it.get("row") or {"prompt": it["prompt"]} for it in items],
+                [it.get("row") or {"prompt": it["prompt"], "ground_truth": it["gold"]} for it in items],
             )
             responses = [[o["text"] for o in os_] for os_ in outs]
             episodes = [[o["episode"] for o in os_] for os_ in outs]

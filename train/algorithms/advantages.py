@@ -171,17 +171,25 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
     scores: (B,) outcome scores (placed on the last valid token) or (B, T) token-level rewards;
     group_index: ignored (no group baseline; kept for the common signature); response_mask: (B, T)
-    -> advantages (B, T). G_t = r_t + gamma * G_{t+1}, reset after the end of the response, then
-    ``masked_whiten`` (batch mean / unbiased std of the valid tokens) times the mask.
+    -> advantages (B, T). G_t = r_t + gamma * G_{t'}, t' the next *valid* token, then ``masked_whiten``
+    (batch mean / unbiased std of the valid tokens) times the mask.
+
+    Masked positions are skipped, not reset at: a multi-turn trajectory's environment tokens (mask 0 between
+    model turns) carry the return through undiscounted, so every model turn gets the outcome, discounted
+    over model tokens only (as GAE here and verl's GAE skip them); rewards on masked tokens are dropped.
+    verl's REINFORCE++ resets the return at every masked token ("reset after EOS"), which in a multi-turn
+    trajectory gives the turns before an environment segment no outcome credit; on single-turn responses
+    (padding after the end only) the two agree.
     """
     mask = response_mask.to(torch.float64 if scores.dtype == torch.float64 else torch.float32)
     rewards = scores_to_token_rewards(scores, response_mask) if scores.dim() == 1 else _float(scores)
+    rewards = rewards.to(mask.dtype)
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        valid = mask[:, t]
+        running = valid * (rewards[:, t] + gamma * running) + (1 - valid) * running
         returns[:, t] = running
-        running = running * mask[:, t]
     return masked_whiten(returns, mask) * mask
 
 

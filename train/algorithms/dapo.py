@@ -9,7 +9,15 @@ functions the trainer calls:
   (:func:`filter_values`, :func:`varied_groups`, :func:`select_groups`, :func:`check_gen_batches`);
 - overlong shaping: a linear penalty over the last ``buffer_len`` tokens before the length limit
   (:func:`overlong_penalty`), added to the score, so truncation is discouraged smoothly rather than by a
-  cliff; the step plug-in ``overlong_shaping`` applies it after the reward.
+  cliff; the step plug-in ``overlong_shaping`` applies it after the reward, and dynamic sampling's
+  ``seq_reward`` counts it, both through :func:`turn_overlong_penalty`.
+
+Multi-turn trajectories (docs/agents.md, "Contracts on multi-turn trajectories"): the limit the ramp
+approaches is ``rollout.max_new_tokens``, which cuts each model turn, so the penalty is that of the longest
+model turn: environment tokens never count, a trajectory's penalty is never below a single turn's floor
+(-``overlong_penalty_factor``), and a one-turn response is shaped exactly as before. The trajectory budget
+(``env.max_total_tokens``) is not ramped against: it counts environment tokens too, and a ramp on the whole
+trajectory would penalise calling tools (more turns) rather than running into the cut.
 
 Dynamic sampling stays a sampling strategy of the trainer (``GRPOTrainer._generate``), not a step plug-in:
 it decides how many generation batches a step draws, so it runs around generation and the reward, before
@@ -32,7 +40,9 @@ __all__ = [
     "check_gen_batches",
     "filter_values",
     "overlong_penalty",
+    "longest_model_turn",
     "select_groups",
+    "turn_overlong_penalty",
     "varied_groups",
 ]
 
@@ -128,7 +138,8 @@ def overlong_penalty(
     """DAPO's soft overlong punishment, to add to each response's score. (B,) -> (B,) float.
 
     With L_exp = max_response_length - buffer_len: 0 up to L_exp tokens, then -(len - L_exp) / buffer_len *
-    penalty_factor, reaching -penalty_factor at the limit (linear, never positive).
+    penalty_factor, reaching -penalty_factor at the limit (linear, never positive, never below
+    -penalty_factor: a length past the limit cannot be a worse truncation than the limit itself).
     """
     if not 0 < buffer_len <= max_response_length:
         raise ValueError(
@@ -137,7 +148,25 @@ def overlong_penalty(
         )
     expected = max_response_length - buffer_len
     excess = response_lengths.to(torch.float32) - expected
-    return torch.clamp(-excess / buffer_len * penalty_factor, max=0.0)
+    return torch.clamp(-excess / buffer_len * penalty_factor, min=-penalty_factor, max=0.0)
+
+
+def longest_model_turn(model_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) 1 on model tokens, 0 on environment tokens and padding -> (B,) long: each row's longest run of
+    model tokens, i.e. its longest model turn (a single-turn response: its length)."""
+    m = model_mask.to(torch.long)
+    seen = m.cumsum(-1)  # model tokens up to and including t
+    at_last_gap = torch.where(m == 0, seen, torch.zeros_like(seen)).cummax(-1).values
+    return (seen - at_last_gap).amax(-1) if m.shape[-1] else m.sum(-1)
+
+
+def turn_overlong_penalty(
+    model_mask: torch.Tensor, max_new_tokens: int, buffer_len: int, penalty_factor: float = 1.0
+) -> torch.Tensor:
+    """The overlong penalty (B,) of single- and multi-turn responses alike: :func:`overlong_penalty` of the
+    longest model turn (:func:`longest_model_turn`) against ``max_new_tokens``, the limit that cuts a turn.
+    model_mask: (B, T) 1 on model tokens (the response mask of a multi-turn batch)."""
+    return overlong_penalty(longest_model_turn(model_mask), max_new_tokens, buffer_len, penalty_factor)
 
 
 DYNAMIC_SAMPLING_KNOBS = {
@@ -171,9 +200,9 @@ def _overlong_fits(cfg, run) -> str | None:
     check=_overlong_fits,
 )
 def overlong_shaping(cfg, batch, ctx) -> dict[str, float]:
-    """Add :func:`overlong_penalty` to ``batch["rewards"]`` (B,)."""
-    penalty = overlong_penalty(
-        batch["response_mask"].sum(-1),
+    """Add :func:`turn_overlong_penalty` to ``batch["rewards"]`` (B,)."""
+    penalty = turn_overlong_penalty(
+        batch["response_mask"],
         ctx.max_new_tokens,
         cfg.overlong_buffer_len,
         cfg.overlong_penalty_factor,
