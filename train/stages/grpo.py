@@ -242,11 +242,11 @@ class GRPOTrainer(TrainingLoop):
             return self.agent.generate(prompt_ids, rows, sampling)
         return self.engine.generate(prompt_ids, sampling)
 
-    @property
     def score(self, rows: list[dict], rollout: Batch) -> RewardResult:
         """The training reward of `rollout`'s samples (whole trajectories, env.reward_weight: rewards/trajectory.py)."""
         return score_rollout(self.reward_fn, rows, rollout, self.cfg.env.reward_weight)
 
+    @property
     def examples_per_step(self) -> int:
         return self.cfg.data.prompts_per_step
 
