@@ -45,7 +45,7 @@ setup: $(STAMP)
 	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	       && { apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
 	            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } \
-	  || echo "note: bubblewrap not installed (needs apt as root): the python tool's sandbox uses process limits alone instead (train/env/sandbox.py)"
+	  || echo "note: bubblewrap not installed (needs apt as root): the python tool's sandbox uses unshare(2) namespaces as root, else refuses unless mechanism=rlimits is set (train/env/sandbox.py)"
 
 check-pins:  ## prove each backend extra resolves from the registry (pip --dry-run; downloads metadata only)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found"; exit 1; }
