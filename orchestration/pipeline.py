@@ -50,9 +50,11 @@ from train.config import (
     ENGINE_SUPPLIED,
     PROJECT_ROOT,
     ConfigError,
+    check_resolves,
     load_experiment,
     merge_layers,
     override_layers,
+    reported,
     validate_components,
 )
 
@@ -128,16 +130,34 @@ def _stage_object(name: str, target: str):
         ) from None
 
 
-def _stage_layers(experiment: str, name: str, spec) -> list:
-    """The config layers of one stage spec (its keys checked): experiment name, `base:`'s config, `config:`."""
-    unknown = sorted(set(spec) - SPEC_KEYS)
-    if unknown:
-        raise ConfigError(f"stages.{name}: unknown key(s) {unknown} (allowed: {sorted(SPEC_KEYS)})")
-    if "_target_" not in spec:
-        raise ConfigError(f"stages.{name}: `_target_` missing (e.g. train.stages.sft.SFTStage)")
+def _stage_spec(specs: DictConfig, name: str) -> DictConfig:
+    """One `stages.<name>` entry with its keys checked and read: `_target_`, `base` and `model_from` names
+    (resolved), `config` a mapping; a ConfigError naming the key otherwise."""
+    with reported():
+        spec = specs[name]
+        if not isinstance(spec, DictConfig):
+            raise ConfigError(
+                f"stages.{name} is {str(spec)[:40]!r}, not a mapping of _target_, config, base, model_from"
+            )
+        unknown = sorted(set(spec) - SPEC_KEYS, key=str)
+        if unknown:
+            raise ConfigError(f"stages.{name}: unknown key(s) {unknown} (allowed: {sorted(SPEC_KEYS)})")
+        if "_target_" not in spec:
+            raise ConfigError(f"stages.{name}: `_target_` missing (e.g. train.stages.sft.SFTStage)")
+        for key in ("_target_", "base", "model_from"):
+            value = spec.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"stages.{name}.{key}={str(value)[:40]!r}: expected a name")
+        if spec.get("config") is not None and not isinstance(spec.get("config"), DictConfig):
+            raise ConfigError(f"stages.{name}.config is {str(spec.config)[:40]!r}, not a mapping of keys")
+    return spec
+
+
+def _stage_layers(experiment: str, spec: DictConfig) -> list:
+    """The config layers of one (checked) stage spec: experiment name, `base:`'s config, `config:`."""
     layers = [OmegaConf.create({"experiment": experiment})]
     if spec.get("base"):
-        layers.append(load_experiment(spec.base).get("config", OmegaConf.create()))
+        layers.append(load_experiment(spec.base).get("config") or OmegaConf.create())
     layers.append(spec.get("config") or OmegaConf.create())
     return layers
 
@@ -155,17 +175,22 @@ def plan(
         )
     names = list(specs)
     by_stage = _split_overrides(list(overrides or []), names)
-    stage_layers = {
-        name: _stage_layers(experiment, name, specs[name]) + override_layers(by_stage[name]) for name in names
-    }
+    checked = {name: _stage_spec(specs, name) for name in names}
+    stage_layers = {}
     for name in names:  # every stage's components first, untyped: no stage or schema module imported yet
         try:
-            validate_components(merge_layers(OmegaConf.create(), stage_layers[name]), ENGINE_SUPPLIED)
+            stage_layers[name] = _stage_layers(experiment, checked[name]) + override_layers(by_stage[name])
+            untyped = merge_layers(OmegaConf.create(), stage_layers[name], resolve=False)
+            try:
+                check_resolves(untyped)
+            except ConfigError:
+                continue  # a ${...} may name a default of the stage's schema: the typed merge below checks it
+            validate_components(untyped, ENGINE_SUPPLIED)
         except ConfigError as exc:
             raise ConfigError(f"stage {name}: {exc}") from None
     planned: dict[str, PlannedStage] = {}
     for i, name in enumerate(names):
-        spec = specs[name]
+        spec = checked[name]
         stage = _stage_object(name, spec._target_)
         try:
             cfg = merge_layers(OmegaConf.structured(stage.schema), stage_layers[name])

@@ -33,7 +33,7 @@ from infra.executors import (  # noqa: F401
 from infra.redact import redact, redacted_yaml
 from infra.tracking import recorded_run_id
 from orchestration.job import TrainPoint, mark_mlflow_run, read_status, write_status
-from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment
+from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment, parse_value
 from train.progress import read_progress
 
 POINT_CONFIG = "sweep_point.yaml"  # the point's full config, what every (re)submission runs
@@ -91,13 +91,8 @@ def parse_grid_overrides(items: list[str]) -> dict[str, list]:
         key, sep, values = item.partition("=")
         if not sep or not key.strip() or not values.strip():
             raise ConfigError(f"bad grid override {item!r}: expected key=value[,value...], e.g. seed=1,2")
-        out[key.strip()] = [_yaml_value(v) for v in values.split(",")]
+        out[key.strip()] = [parse_value(v.strip(), f"bad grid override {item!r}") for v in values.split(",")]
     return out
-
-
-def _yaml_value(text: str):
-    """A value as a `key=value` override would parse it (1e-6 is a float, as in OVERRIDES)."""
-    return OmegaConf.from_dotlist([f"v={text.strip()}"]).v
 
 
 def plan(

@@ -9,7 +9,7 @@ call time, so pointing `train.config.EXPERIMENTS_DIR` elsewhere (tests, bench) m
 from infra.models import PROJECT_ROOT
 from train.config.algorithm import validate_algorithm
 from train.config.env import validate_env
-from train.config.errors import ConfigError
+from train.config.errors import ConfigError, reported
 from train.config.experiments import (
     EXPERIMENT_SECTIONS,
     EXPERIMENTS_DIR,
@@ -21,8 +21,11 @@ from train.config.experiments import (
 from train.config.layers import (
     SWAPPABLE,
     build_config,
+    check_resolves,
     merge_layers,
     override_layers,
+    parse_override,
+    parse_value,
     refuse_secrets,
     split_cli,
 )
@@ -79,13 +82,17 @@ __all__ = [
     "TrainConfig",
     "algorithm_schema",
     "build_config",
+    "check_resolves",
     "check_fields",
     "checked",
     "experiment_file",
     "load_experiment",
     "merge_layers",
     "override_layers",
+    "parse_override",
+    "parse_value",
     "refuse_secrets",
+    "reported",
     "split_cli",
     "train_schema",
     "validate",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from train.config.errors import ConfigError
 
@@ -11,6 +11,12 @@ def validate_env(cfg: DictConfig) -> None:
     """`env.*` (multi-turn rollouts): the tools and the interaction resolve, and the trajectories fit."""
     from train.env import registry
 
+    tools = OmegaConf.select(cfg, "env.tools")
+    if tools is not None and not isinstance(tools, (str, ListConfig)):
+        raise ConfigError(
+            f"bad config value: env.tools={str(tools)[:60]}: expected a list ([calculator, python], or "
+            "{_target_: ...} entries) or a comma list of names (calculator,python)"
+        )
     if not registry.enabled(cfg.get("env")):
         return
     from train.components import check

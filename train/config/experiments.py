@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from infra.models import PROJECT_ROOT
@@ -32,11 +33,13 @@ def experiment_file(name: str) -> Path:
 
 EXPERIMENT_SECTIONS = ("config", "presets", "sweep", "stages")  # each a mapping when present
 MAX_YAML_DEPTH, MAX_YAML_NODES = 32, 100_000  # far above any experiment; OmegaConf recurses, slowly
+FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's
 
 
-def _check_shape(value, path: Path) -> None:
-    """ConfigError for YAML nested deeper than MAX_YAML_DEPTH or (aliases repeated) larger than
-    MAX_YAML_NODES, checked on libyaml's fast parse before OmegaConf builds it (seconds, then RecursionError)."""
+def check_shape(value, where: Path | str) -> None:
+    """ConfigError (starting with `where`: a file, an override) for YAML nested deeper than MAX_YAML_DEPTH or
+    (aliases repeated) larger than MAX_YAML_NODES, checked on libyaml's fast parse before OmegaConf builds it
+    (seconds, then RecursionError)."""
     todo, seen = [(value, 1)], 0
     while todo:
         v, depth = todo.pop()
@@ -44,7 +47,7 @@ def _check_shape(value, path: Path) -> None:
         if depth > MAX_YAML_DEPTH or seen > MAX_YAML_NODES:
             deep = f"nested deeper than {MAX_YAML_DEPTH} levels"
             raise ConfigError(
-                f"{path}: {deep if depth > MAX_YAML_DEPTH else 'too large (aliases repeated?)'}"
+                f"{where}: {deep if depth > MAX_YAML_DEPTH else 'too large (aliases repeated?)'}"
             )
         items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
         todo += [(x, depth + 1) for x in items]
@@ -53,11 +56,9 @@ def _check_shape(value, path: Path) -> None:
 def load_experiment(name: str) -> DictConfig:
     """An experiment file (a mapping of config, presets, sweep, stages), or ConfigError naming the file
     and where or what is wrong in it."""
-    import yaml
-
     path = experiment_file(name)
     try:
-        _check_shape(yaml.load(path.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)), path)
+        check_shape(yaml.load(path.read_bytes(), Loader=FAST_LOADER), path)
         exp = OmegaConf.load(path)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
