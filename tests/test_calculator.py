@@ -118,7 +118,9 @@ def test_the_broken_calculator_looks_the_same_and_is_always_a_little_wrong():
     from train.env.registry import build_tools
     from train.env.tools.calculator import BrokenCalculator
 
-    broken = build_tools(["broken_calculator"])["calculator"]  # the same name: the prompt cannot tell them apart
+    broken = build_tools(["broken_calculator"])[
+        "calculator"
+    ]  # the same name: the prompt cannot tell them apart
     assert isinstance(broken, BrokenCalculator) and broken.schema() == calc.schema()
     for expression in ("3 + 4", "7 * 8", "347 * 5821", "1234 + 5678 + 9012 + 3456 + 7890", "1/3", "-5 - 5"):
         right, wrong = Fraction(calc(expression).split(" ")[0]), Fraction(broken(expression).split(" ")[0])
