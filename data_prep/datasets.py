@@ -89,6 +89,13 @@ def _sft_tool_math_mixed(size: int, seed: int, split: str) -> list[dict]:
     return sft_rows(size, seed, split, call_share=MIXED_CALL_SHARE)
 
 
+def _tool_multi_answer(size: int, seed: int, split: str) -> list[dict]:
+    """Many correct answers and many tool paths to check one (experiments/darling_tool.yaml)."""
+    from data_prep.tool_multi_answer import generate
+
+    return generate(size, seed=seed, split=split)
+
+
 # name -> (kind, generator(size, seed, split))
 BUILTINS: dict[str, tuple[str, Callable[[int, int, str], list[dict]]]] = {
     "arithmetic": ("prompts", _arithmetic),
@@ -101,6 +108,7 @@ BUILTINS: dict[str, tuple[str, Callable[[int, int, str], list[dict]]]] = {
     "tool_math_chain": ("prompts", _tool_math_chain),
     "sft_tool_math": ("sft", _sft_tool_math),
     "sft_tool_math_mixed": ("sft", _sft_tool_math_mixed),
+    "tool_multi_answer": ("prompts", _tool_multi_answer),
     "arithmetic_pairs": ("pairs", _arithmetic_pairs),
 }
 KIND_NAMES = {"prompts": "prompt", "sft": "SFT", "pairs": "preference"}

@@ -13,7 +13,12 @@ from math_grader.pass_at_k import pass_at_k
 
 # reward figures worth reporting on held-out prompts -> their val/ name (NoveltyBench calls the number of
 # distinct classes among k samples distinct_k)
-REWARD_FIGURES = {"distinct_correct_mean": "distinct_correct_mean", "distinct_classes_mean": "distinct_k"}
+REWARD_FIGURES = {
+    "distinct_correct_mean": "distinct_correct_mean",
+    "distinct_classes_mean": "distinct_k",
+    # multi-turn: different tool paths among a prompt's correct samples (train/diversity/strategy.py)
+    "distinct_correct_strategies_mean": "distinct_correct_strategies_mean",
+}
 
 
 def heldout_metrics(

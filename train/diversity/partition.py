@@ -14,7 +14,7 @@ with duplicate text pairs judged once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 MODES = ("union_find", "greedy")
@@ -152,6 +152,18 @@ def partition_groups(
     if mode == "union_find":
         return _union_find_groups(groups, judge)
     return _greedy_groups(groups, judge)
+
+
+def refine(labels: Sequence[int], keys: Sequence[Hashable]) -> list[int]:
+    """Split classes by a key: i and j share a class iff they shared one and their keys are equal.
+
+    DARLING over agent strategies partitions final answers, then splits each class by the tool path
+    (train/diversity/strategy.py): same answer by two paths is two classes. Ids 0..K-1 in order of appearance.
+    """
+    if len(labels) != len(keys):
+        raise ValueError(f"refine: {len(labels)} labels but {len(keys)} keys")
+    ids: dict[tuple[int, Hashable], int] = {}
+    return [ids.setdefault((label, key), len(ids)) for label, key in zip(labels, keys)]
 
 
 def partition(texts: list[str], judge: PairJudge | None, mode: str = "union_find") -> list[int]:

@@ -13,6 +13,15 @@ Config (the `reward:` block; nested components are `_target_` dicts built by Hyd
       judge: {_target_: train.diversity.judges.EmbeddingJudge}      # default when omitted
       quality: {_target_: train.rewards.scorers.RewardModelScorer, model_path: ...}  # rows without ground truth
       combine: multiplicative        # | additive | normalized_sum | quality (the GRPO baseline)
+      partition_by: answer           # | strategy_and_answer (multi-turn: the tool path too, see below)
+
+Over agent strategies (`partition_by: strategy_and_answer`, experiments/darling_tool.yaml): on multi-turn
+rollouts the reward receives each trajectory (train/rewards/trajectory.py); the partitioner then judges the
+final answers (the grader's reading of the last model turn: "The answer is 1998." and "1998" are one answer,
+which the short-answer shortcut on whole texts would not see) and each class is split by the tool path
+(`train.diversity.strategy`), so one answer reached by `37 * 54` and by `1998 % 37` is two classes. Single-turn
+rollouts are partitioned as with `answer`. With trajectories the figures add the distinct tool paths among a
+group's correct samples (`distinct_correct_strategies_mean`); `distinct_correct_mean` still counts answers.
 
 Use it with GRPO without std normalisation (`algorithm.norm_adv_by_std_in_grpo=false`), as DARLING does.
 """
@@ -35,11 +44,13 @@ from train.algorithms.diversity import (
     partition_sigmoid,
 )
 from train.diversity.partition import MODES as PARTITION_MODES
-from train.diversity.partition import partition_groups
+from train.diversity.partition import partition_groups, refine
+from train.diversity.strategy import strategy_of
 from train.rewards.base import RewardResult
 from train.rewards.math_reward import MathReward
 
 DEFAULT_JUDGE = {"_target_": "train.diversity.judges.EmbeddingJudge"}
+PARTITION_BY = ("answer", "strategy_and_answer")
 
 
 def _build(component: Any) -> Any:
@@ -76,6 +87,7 @@ class DarlingReward:
         partition_correct: bool = False,
         add_bias: bool = False,
         math_timeout_s: float = 3.0,
+        partition_by: str = "answer",
     ) -> None:
         if combine not in COMBINE_MODES:
             raise ValueError(f"reward.combine={combine!r} is unknown: use one of {', '.join(COMBINE_MODES)}")
@@ -83,11 +95,15 @@ class DarlingReward:
             raise ValueError(
                 f"reward.partition_mode={partition_mode!r} is unknown: use one of {', '.join(PARTITION_MODES)}"
             )
+        if partition_by not in PARTITION_BY:
+            raise ValueError(
+                f"reward.partition_by={partition_by!r} is unknown: use one of {', '.join(PARTITION_BY)}"
+            )
         if not 0 <= diversity_floor <= 1:
             raise ValueError(f"reward.diversity_floor={diversity_floor} must be in [0, 1] (default 0.1)")
         self.judge = _build(DEFAULT_JUDGE if judge is None else judge)
         self.quality = _build(quality)
-        self.partition_mode, self.combine = partition_mode, combine
+        self.partition_mode, self.combine, self.partition_by = partition_mode, combine, partition_by
         self.lambda_q, self.lambda_d = float(lambda_q), float(lambda_d)
         self.floor = float(diversity_floor)
         self.use_sigmoid, self.use_correct, self.use_bias = partition_sigmoid, partition_correct, add_bias
@@ -140,7 +156,17 @@ class DarlingReward:
                 class_ids[i] = label
         return class_ids
 
-    def __call__(self, rows: list[dict], responses: list[str], group_index: list[int]) -> RewardResult:
+    def __call__(
+        self,
+        rows: list[dict],
+        responses: list[str],
+        group_index: list[int],
+        trajectories: list[dict] | None = None,
+    ) -> RewardResult:
+        if trajectories and len(trajectories) != len(responses):
+            raise ValueError(f"{len(trajectories)} trajectories for {len(responses)} responses")
+        strategies = [strategy_of(t) for t in trajectories] if trajectories else None
+        by_strategy = strategies is not None and self.partition_by == "strategy_and_answer"
         t0 = time.perf_counter()
         q_list, correct = self._quality(rows, responses, group_index)
         t1 = time.perf_counter()
@@ -150,7 +176,13 @@ class DarlingReward:
                 "responses); set it to false for open-ended prompts"
             )
         member = [c == 1.0 for c in correct] if self.use_correct else [True] * len(responses)
-        class_ids = torch.tensor(self._classes(responses, group_index, member))
+        texts = [s.answer for s in strategies] if by_strategy else responses
+        answer_ids = self._classes(texts, group_index, member)
+        if strategies is not None:  # each group's tool paths numbered 0, 1, ... in order of appearance
+            path_ids = torch.tensor(_refined([0] * len(texts), group_index, [s.path for s in strategies]))
+        class_ids = torch.tensor(
+            _refined(answer_ids, group_index, [s.path for s in strategies]) if by_strategy else answer_ids
+        )
         t2 = time.perf_counter()
 
         groups = torch.tensor(group_index)
@@ -166,7 +198,9 @@ class DarlingReward:
         sizes = torch.bincount(torch.unique(groups, return_inverse=True)[1]).float()
         if correct is not None:  # how many different correct answers each group holds (DARLING's target)
             good = clustered & (torch.tensor(correct) == 1.0)
-            distinct_correct = distinct_classes_per_group(class_ids, groups, good)
+            distinct_correct = distinct_classes_per_group(torch.tensor(answer_ids), groups, good)
+            if strategies is not None:  # and by how many different tool paths
+                correct_paths = distinct_classes_per_group(path_ids, groups, torch.tensor(correct) == 1.0)
         metrics = {
             "quality_mean": statistics.fmean(q.tolist()),
             "diversity_mean": statistics.fmean(d.tolist()),
@@ -174,9 +208,26 @@ class DarlingReward:
             # distinct classes / group size: comparable across n (1 = all different, 1/n = all the same)
             "distinct_share_mean": (classes / sizes).mean().item(),
             **({"distinct_correct_mean": distinct_correct.mean().item()} if correct is not None else {}),
+            **(
+                {"distinct_correct_strategies_mean": correct_paths.mean().item()}
+                if correct is not None and strategies is not None
+                else {}
+            ),
             "quality_s": t1 - t0,
             "partition_s": t2 - t1,
         }
         # per response, for the logged samples (train/samples.py): the reward's parts and the partition
         signals = {"quality": q.tolist(), "diversity": d.tolist(), "partition_class": class_ids.tolist()}
+        if strategies is not None:  # which tool path each trajectory took (the viewer's groups by strategy)
+            signals["strategy_class"] = path_ids.tolist()
         return RewardResult(scores=r.tolist(), correct=correct, metrics=metrics, signals=signals)
+
+
+def _refined(labels: list[int], group_index: list[int], keys: list) -> list[int]:
+    """`labels` split by `keys` within each group (train/diversity/partition.py `refine`); -1 stays -1."""
+    out = list(labels)
+    for g in dict.fromkeys(group_index):
+        members = [i for i, gi in enumerate(group_index) if gi == g and labels[i] >= 0]
+        for i, label in zip(members, refine([labels[i] for i in members], [keys[i] for i in members])):
+            out[i] = label
+    return out

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from data_prep import multi_answer
+from data_prep import multi_answer, tool_multi_answer
 from math_grader import ANSWER_RULES, grade_batch, start_workers
 from train.rewards.base import RewardResult
 
 # data_source -> check(response, ground_truth) -> bool, for tasks whose ground_truth is not one answer
-CHECKERS: dict[str, Callable[[str, str], bool]] = {multi_answer.DATA_SOURCE: multi_answer.check}
+CHECKERS: dict[str, Callable[[str, str], bool]] = {
+    multi_answer.DATA_SOURCE: multi_answer.check,
+    tool_multi_answer.DATA_SOURCE: multi_answer.check,  # the same list of answers in ground_truth
+}
 
 
 class MathReward:
