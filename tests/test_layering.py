@@ -40,8 +40,12 @@ TRAIN_USED_ABOVE = {
         "train.rollout",  # the rollout engine generates the eval samples (one vLLM engine wrapper)
         "train.diversity.partition",  # the novelty eval measures with the training reward's partitioner
         "train.env",  # evals.math --tools answers with the training rollout's tools and agent loop
+        "train.config",  # ... and checks its env.* with the training schema (one validation, issue 51)
     ),
-    "analysis": ("train.config",),  # the arms of a sweep are read from their experiment file
+    "analysis": (
+        "train.config",  # the arms of a sweep are read from their experiment file
+        "train.env.tool_format",  # the viewer tells a trajectory's turns apart with the agent loop's parser
+    ),
 }
 LAYOUT_LITERALS = ("meta.json", "trainer_state.pt")
 
