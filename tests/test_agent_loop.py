@@ -150,7 +150,7 @@ def test_every_bad_call_is_an_error_observation_and_the_step_goes_on(tokenizer):
     assert "unknown tool 'nosuch' (available: boom, echo, long, slow)" in observations[1]
     assert "error: disk on fire" in observations[2]
     assert "timed out after 0.5 s" in observations[3]
-    assert "more tokens over env.max_observation_tokens" in observations[4]
+    assert "more characters over env.max_observation_tokens" in observations[4]
     assert "arguments must be a JSON object" in observations[5]
     assert ep["errors"] == {"malformed": 2, "unknown_tool": 1, "tool_error": 1, "timeout": 1, "too_long": 1}
     m = env_metrics(batch.episodes)
@@ -270,7 +270,7 @@ def test_tool_call_parsing():
 
 def test_threads_end_with_the_rollout(tokenizer):
     agent, _, _ = rollout(tokenizer, lambda t, k: call("echo", text="x") if k == 0 else "done", [Echo()])
-    threads = list(agent.pool._threads)  # the pool's own workers (other tests' rollouts have theirs)
+    threads = list(agent.pool.threads)  # the pool's own workers (other tests' rollouts have theirs)
     assert threads
     agent.close()
     for t in threads:

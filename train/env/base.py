@@ -4,7 +4,10 @@ Tools follow the OpenAI function-calling convention: `schema()` is `{"type": "fu
 {"name", "description", "parameters": <JSON schema>}}`, the model calls one by name with a JSON object of
 arguments, and the call's result is a string the model reads back. An environment is shaped like TRL's
 `environment_factory` / OpenEnv and verl's interactions: `reset(task)` once per trajectory, then `step(turn)`
-after every model turn that calls no tool, returning what the model sees next, a reward and whether it is done.
+after every model turn that calls no tool, returning what the model sees next, a reward and whether it is done,
+and `close()` (optional) when the trajectory ends. What they answer is checked against these types
+(`checked_step`, `checked_observation`) in the thread that called them, so a wrong one is that trajectory's
+failure (train/rollout/agent_loop.py), never the trainer's.
 
 Adding a tool or an environment is one file: a class with these methods, named by its `_target_` in
 `env.tools` / `env.interaction` (or by its short name in `train/env/registry.py`).
@@ -12,8 +15,11 @@ Adding a tool or an environment is one file: a class with these methods, named b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from train.env.calls import CallFailed
 
 
 class ToolError(Exception):
@@ -70,3 +76,37 @@ class Environment(Protocol):
     def step(self, model_turn: str) -> EnvStep:
         """The model's turn (its text, tool calls already handled) -> observation, reward, done."""
         ...
+
+    def close(self) -> None:
+        """Optional: release what the trajectory held (called once, at its end, bounded by env.tool_timeout_s)."""
+        ...
+
+
+def checked_observation(value: Any, what: str) -> str | None:
+    """`value` if it is a str or None; CallFailed("bad_type") otherwise."""
+    if value is None or isinstance(value, str):
+        return value
+    raise CallFailed("bad_type", f"{what} is {type(value).__name__}, expected str or None")
+
+
+def checked_step(value: Any) -> EnvStep:
+    """A plain EnvStep of `step`'s answer: CallFailed "bad_type" (not an EnvStep, a reward that is not a
+    number, an observation that is not text) or "non_finite_reward" (NaN, inf) otherwise."""
+    if not isinstance(value, EnvStep):
+        raise CallFailed("bad_type", f"step returned {type(value).__name__}, expected EnvStep")
+    observation = checked_observation(value.observation, "step's observation")
+    reward, done = value.reward, value.done
+    not_a_number = CallFailed("bad_type", f"step's reward is {type(reward).__name__}, expected a number")
+    if isinstance(reward, (str, bytes)):  # float("1.5") reads it, but a reward of text is a bug
+        raise not_a_number
+    try:
+        reward = float(reward)
+    except Exception:  # noqa: BLE001 -- whatever a reward's __float__ raises, it is not a number
+        raise not_a_number from None
+    try:
+        done = bool(done)
+    except Exception:  # noqa: BLE001
+        raise CallFailed("bad_type", f"step's done is {type(done).__name__}, expected a bool") from None
+    if not math.isfinite(reward):
+        raise CallFailed("non_finite_reward", f"step's reward is {reward}")
+    return EnvStep(observation, reward, done)

@@ -10,8 +10,8 @@ model tokens only; the engine's log-probs are kept for model tokens (0.0 under e
 Scheduling (`schedule`): `async` keeps the engine busy: each trajectory's next turn is queued as soon as
 its tools or its environment have answered, and the engine steps over whatever is queued while other
 trajectories wait (continuous batching over vLLM's request queue; tools and environments run in a thread
-pool). `sync` is turn-synchronous batching (every waiting trajectory's turn generated as one batch, then
-every tool call, then the next turn), kept for the comparison in bench/agent_rollout.py. Prefix caching
+pool, train/env/calls.py). `sync` is turn-synchronous batching (every waiting trajectory's turn generated as
+one batch, then every tool call, then the next turn), kept for the comparison in bench/agent_rollout.py. Prefix caching
 (on by default in the vLLM engine) reuses each trajectory's earlier turns.
 
 Stops: `max_turns` model turns, `max_total_tokens` response tokens (model and environment), the
@@ -19,6 +19,14 @@ environment's `done`, or a model turn without a tool call when there is no envir
 stop a step: a malformed call, an unknown tool, a tool that raises or times out, an over-long observation
 each become an error observation the model reads (counted); an environment that raises ends its
 trajectory (`failed`, reward 0 by the trainer) with one warning line.
+
+Robustness: tools and environments are user code, so every call into them (the environment's
+construction and `reset`, `step`, `close`, each tool call) runs on the bounded pool of train/env/calls.py,
+never in this thread: whatever it raises (SystemExit and KeyboardInterrupt included), a wrong type, a
+non-finite reward (train/env/base.py's checks) or no answer within `tool_timeout_s` is that trajectory's
+failure alone (`failed_kind`, counted as `env/env_errors_<kind>`), and a hung call's thread is replaced, not
+waited for. Text from user code is cut to `max_observation_tokens * CHARS_PER_TOKEN` characters before it
+is tokenized, so a 10 MB answer costs what a short one does.
 """
 
 from __future__ import annotations
@@ -26,17 +34,20 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from train.batch import Batch
-from train.env.base import EnvStep
+from train.env.base import EnvStep, checked_observation, checked_step
+from train.env.calls import CallFailed, CallPool, describe
 from train.env.tool_format import ChatFormat, ParsedTurn, parse_tool_calls
 from train.rollout.base import SamplingConfig, TurnOutput
 
 SCHEDULES = ("async", "sync")
-ERROR_KINDS = ("malformed", "unknown_tool", "tool_error", "timeout", "too_long")
+ERROR_KINDS = ("malformed", "unknown_tool", "tool_error", "timeout", "too_long")  # tool calls, observations
+ENV_ERROR_KINDS = ("raised", "bad_type", "non_finite_reward", "timeout")  # why an environment failed
+CHARS_PER_TOKEN = 8  # observations are cut to max_observation_tokens x this many characters, then tokenized
 
 
 @dataclass
@@ -61,6 +72,7 @@ class Trajectory:
     open_turn: bool = False  # the last model turn was cut before its end-of-turn token
     stop: str = ""  # answered | done | max_turns | max_total_tokens | turn_length | env_error
     failed: str | None = None
+    failed_kind: str | None = None  # one of ENV_ERROR_KINDS when failed
 
     @property
     def truncated(self) -> bool:
@@ -87,6 +99,7 @@ class Trajectory:
             "stop": self.stop,
             "truncated": self.truncated,
             "failed": self.failed,
+            "failed_kind": self.failed_kind,
             "segments": [dict(s) for s in self.segments],
             "env_tokens": len(self.mask) - sum(self.mask),
         }
@@ -98,8 +111,7 @@ class _Pending:
 
     trajectory: Trajectory
     futures: list[Future]
-    names: list[str]
-    started: float
+    names: list[str]  # the tools called ("" for a malformed call)
     env_step: bool = False
 
 
@@ -168,9 +180,10 @@ class AgentRollout:
         self.schedule = schedule
         native = {"auto": None, "native": True, "fallback": False}[tool_format]
         self.format = ChatFormat(tokenizer, [t.schema() for t in tools.values()], native=native)
-        self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="env")
+        self.pool = CallPool(tool_workers, tool_timeout_s, name="env")
         self.say = say
         self.last_stats: dict[str, float] = {}
+        self._hung_said = 0  # abandoned calls at the last warning
 
     def attach(self, engine) -> None:
         """The engine to generate with (the trainer builds it after the prompts are encoded)."""
@@ -189,12 +202,18 @@ class AgentRollout:
         for p, (ids, row) in enumerate(zip(prompt_ids, rows)):
             for j in range(sampling.n):
                 i = p * sampling.n + j
-                trajs.append(self._start(Trajectory(i, list(ids), row, sampling.seed + i)))
+                trajs.append(Trajectory(i, list(ids), row, sampling.seed + i))
         budget = self.max_total_tokens or sampling.max_new_tokens * self.max_turns
         started = time.perf_counter()
-        busy = self._run([t for t in trajs if not t.stop], sampling, budget)
+        busy = self._run(self._open_envs(trajs), sampling, budget)
+        self._close_envs(trajs)
         wall = time.perf_counter() - started
-        self.last_stats = {"engine_busy_share": busy / wall if wall > 0 else 0.0, "rollout_s": wall}
+        self.last_stats = {
+            "engine_busy_share": busy / wall if wall > 0 else 0.0,
+            "rollout_s": wall,
+            "hung_calls": float(self.pool.abandoned),
+        }
+        self._warn_hung()
         return Batch(
             prompt_ids=[t.prompt_ids for t in trajs],
             response_ids=[t.token_ids for t in trajs],
@@ -205,19 +224,6 @@ class AgentRollout:
             token_mask=[t.mask for t in trajs],
             episodes=[t.summary() for t in trajs],
         )
-
-    def _start(self, t: Trajectory) -> Trajectory:
-        if self.interaction is None:
-            return t
-        try:
-            t.env = self.interaction()
-            first = t.env.reset(t.row)
-        except Exception as exc:  # noqa: BLE001 -- any failure of user code ends this trajectory alone
-            return self._env_failed(t, exc)
-        if first:  # shown before the first model turn: part of the prompt
-            messages = [*t.row["prompt"], {"role": "user", "content": str(first)}]
-            t.prompt_ids = self.format.prompt_ids(messages)
-        return t
 
     def _run(self, trajs: list[Trajectory], sampling: SamplingConfig, budget: int) -> float:
         """Drive every trajectory to its end; the seconds spent inside engine steps."""
@@ -245,12 +251,11 @@ class AgentRollout:
                 busy += time.perf_counter() - tick
                 for out in outs:
                     self._model_turn(running.pop(out.request_id), out, waiting, ready)
-            elif waiting:  # nothing to generate: wait for the first tool or environment to answer
-                timeout = max(0.0, min(p.started for p in waiting) + self.tool_timeout_s - time.monotonic())
-                wait([f for p in waiting for f in p.futures], timeout=timeout, return_when=FIRST_COMPLETED)
+            elif waiting:  # nothing to generate: wait for the first call to answer or run out of time
+                self.pool.wait([f for p in waiting for f in p.futures])
+            self.pool.reap()  # calls past env.tool_timeout_s are failed (and their threads replaced)
             for p in list(waiting):
-                late = time.monotonic() - p.started > self.tool_timeout_s
-                if all(f.done() for f in p.futures) or late:
+                if all(f.done() for f in p.futures):
                     waiting.remove(p)
                     self._answer(p, budget, ready)
         return busy
@@ -276,18 +281,42 @@ class AgentRollout:
                 t.tool_calls += 1
                 futures.append(self.pool.submit(self._call_tool, call.name, call.arguments))
                 names.append(call.name)
-            waiting.append(_Pending(t, futures, names, time.monotonic()))
+            waiting.append(_Pending(t, futures, names))
         elif t.env is not None:
             if t.turns >= self.max_turns:
                 return self._finish(t, "max_turns")
-            waiting.append(
-                _Pending(t, [self.pool.submit(t.env.step, out.text)], ["env"], time.monotonic(), True)
-            )
+            waiting.append(_Pending(t, [self.pool.submit(_step_env, t.env, out.text)], ["step"], True))
         else:
             self._finish(t, "turn_length" if t.open_turn else "answered")
 
+    def _open_envs(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        """Make and reset every trajectory's environment (on the pool, together, each bounded in time); the
+        trajectories that start, in order, their reset observation part of their prompt."""
+        if self.interaction is None:
+            return trajs
+        opening = [(t, self.pool.submit(self._open_env, t)) for t in trajs]
+        self.pool.settle([f for _, f in opening])  # all at once: the first turns are one batch, as ever
+        started = []
+        for t, future in opening:
+            try:
+                first = future.result()
+            except CallFailed as exc:
+                self._env_failed(t, "reset", exc)
+                continue
+            if first:  # shown before the first model turn: part of the prompt
+                messages = [*t.row["prompt"], {"role": "user", "content": self._cut(t, first)}]
+                t.prompt_ids = self.format.prompt_ids(messages)
+            started.append(t)
+        return started
+
+    # ---- calls into user code: run on the pool's threads ------------------------------------------
+    def _open_env(self, t: Trajectory) -> str | None:
+        """Make the trajectory's environment and reset it; its first observation (checked)."""
+        t.env = self.interaction()  # set from the pool's thread: read once the call is settled
+        return checked_observation(t.env.reset(t.row), "reset's observation")
+
     def _call_tool(self, name: str, arguments: dict) -> tuple[str, str | None, float]:
-        """(result text, error kind or None, seconds) of one call; never raises."""
+        """(result text, error kind or None, seconds) of one call."""
         tick = time.perf_counter()
         tool = self.tools.get(name)
         if tool is None:
@@ -295,11 +324,12 @@ class AgentRollout:
             return f"error: unknown tool {name!r} (available: {known})", "unknown_tool", 0.0
         try:
             result, kind = str(tool(**arguments)), None
-        except Exception as exc:  # noqa: BLE001 -- a tool's failure is the model's observation
-            message = str(exc).strip() or type(exc).__name__
+        except BaseException as exc:  # noqa: BLE001 -- SystemExit too: a tool's failure is the model's observation
+            message = describe(exc, self._max_chars(), with_type=not isinstance(exc, Exception))
             result, kind = (message if message.startswith("error") else f"error: {message}"), "tool_error"
         return result, kind, time.perf_counter() - tick
 
+    # ---- answers ----------------------------------------------------------------------------------
     def _answer(self, p: _Pending, budget: int, ready: deque) -> None:
         """Turn the answers of tools or the environment into the next observation, or end the trajectory."""
         t = p.trajectory
@@ -307,12 +337,14 @@ class AgentRollout:
             return self._env_answer(t, p.futures[0], budget, ready)
         results = []
         for future, name in zip(p.futures, p.names):
-            if not future.done():
-                t.error("timeout")
-                future.cancel()
-                results.append(f"error: tool {name!r} timed out after {self.tool_timeout_s:g} s")
-                continue
-            text, kind, seconds = future.result()
+            try:
+                text, kind, seconds = future.result()
+            except CallFailed as exc:
+                if exc.kind == "timeout":
+                    t.error("timeout")
+                    results.append(f"error: tool {name!r} timed out after {self.tool_timeout_s:g} s")
+                    continue
+                text, kind, seconds = f"error: {exc.message}", "tool_error", 0.0
             if name:
                 t.tool_latency_s.append(seconds)
             if kind:
@@ -321,20 +353,15 @@ class AgentRollout:
         self._observe(t, self.format.as_messages(results, "tool"), budget, ready)
 
     def _env_answer(self, t: Trajectory, future: Future, budget: int, ready: deque) -> None:
-        if not future.done():
-            return self._env_failed(
-                t, TimeoutError(f"no answer within env.tool_timeout_s={self.tool_timeout_s:g}")
-            )
         try:
             step: EnvStep = future.result()
-        except Exception as exc:  # noqa: BLE001
-            return self._env_failed(t, exc)
-        t.env_reward += float(step.reward)
+        except CallFailed as exc:
+            self._env_failed(t, "step", exc)
+            return
+        t.env_reward += step.reward
         if step.done or not step.observation:
             return self._finish(t, "done")
-        self._observe(
-            t, self.format.as_messages([self._cut(t, str(step.observation))], "user"), budget, ready
-        )
+        self._observe(t, self.format.as_messages([self._cut(t, step.observation)], "user"), budget, ready)
 
     def _observe(self, t: Trajectory, messages: list[dict], budget: int, ready: deque) -> None:
         ids = self.format.observation_ids(messages, after_end_of_turn=not t.open_turn)
@@ -343,28 +370,68 @@ class AgentRollout:
         t.add(ids, "env", "\n".join(m["content"] for m in messages))
         ready.append(t)
 
+    def _max_chars(self) -> int:
+        return self.max_observation_tokens * CHARS_PER_TOKEN
+
     def _cut(self, t: Trajectory, text: str) -> str:
-        """An observation of at most `max_observation_tokens` tokens (longer ones cut, counted as errors)."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) <= self.max_observation_tokens:
+        """An observation of at most `max_observation_tokens` tokens (longer ones cut, counted as errors).
+
+        Characters are cut first (a token is rarely over CHARS_PER_TOKEN of them), so what is tokenized
+        is bounded whatever the tool or environment returned."""
+        head = text[: self._max_chars()]
+        ids = self.tokenizer(head, add_special_tokens=False)["input_ids"]
+        if len(head) == len(text) and len(ids) <= self.max_observation_tokens:
             return text
         t.error("too_long")
         kept = self.tokenizer.decode(ids[: self.max_observation_tokens])
-        return f"{kept}\n[cut: {len(ids) - self.max_observation_tokens} more tokens over env.max_observation_tokens]"
+        more = max(0, len(text) - len(kept))
+        return f"{kept}\n[cut: {more} more characters over env.max_observation_tokens]"
 
-    def _env_failed(self, t: Trajectory, exc: BaseException) -> Trajectory:
-        t.failed = f"{type(exc).__name__}: {str(exc).strip()}"[:300]
-        self.say(
-            f"warning: environment failed on sample {t.index}, trajectory ended with reward 0 ({t.failed})"
-        )
+    def _env_failed(self, t: Trajectory, where: str, exc: CallFailed) -> Trajectory:
+        """End `t` with reward 0: its environment's `where` call failed (the first failure is the one told)."""
+        if t.failed is None:
+            t.failed, t.failed_kind, t.env_reward = f"{where}: {exc.message}"[:300], exc.kind, 0.0
+            self.say(
+                f"warning: environment failed on sample {t.index} ({exc.kind}), trajectory ended with "
+                f"reward 0 ({t.failed})"
+            )
         return self._finish(t, "env_error")
 
     def _finish(self, t: Trajectory, why: str) -> Trajectory:
         t.stop = why
         return t
 
+    def _close_envs(self, trajs: list[Trajectory]) -> None:
+        """Every environment's `close`, all at once on the pool, each bounded like any other call."""
+        closing = [(t, self.pool.submit(_close_env, t.env)) for t in trajs if t.env is not None]
+        self.pool.settle([f for _, f in closing])
+        for t, future in closing:
+            failure = future.exception()
+            if isinstance(failure, CallFailed):
+                self._env_failed(t, "close", failure)
+
+    def _warn_hung(self) -> None:
+        hung = self.pool.abandoned
+        if hung >= max(self.pool.workers, 2 * self._hung_said):
+            self._hung_said = hung
+            self.say(
+                f"warning: {hung} tool or environment calls still running past env.tool_timeout_s="
+                f"{self.tool_timeout_s:g} (each holds an abandoned thread until it returns; fresh threads "
+                "serve the next calls)"
+            )
+
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
+
+
+def _step_env(env: Any, text: str) -> EnvStep:
+    return checked_step(env.step(text))
+
+
+def _close_env(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
 
 
 def _done(value: Any) -> Future:
@@ -409,6 +476,8 @@ def env_metrics(episodes: list[dict], stats: dict[str, float] | None = None) -> 
         "env/used_tools_rate": sum(e["tool_calls"] > 0 for e in episodes) / n,
     }
     out.update({f"env/errors_{k}": float(v) for k, v in errors.items()})
+    for kind in ENV_ERROR_KINDS:  # trajectories whose environment failed, by why
+        out[f"env/env_errors_{kind}"] = float(sum(e.get("failed_kind") == kind for e in episodes))
     for k, v in (stats or {}).items():
         out[f"env/{k}"] = v
     return out
