@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 import traceback
@@ -45,6 +46,32 @@ def read_status(run_dir: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {"state": "unknown"}
+
+
+def job_log(logs: str | Path, job_id: str) -> Path:
+    """The stderr file submitit writes for task 0 of job `job_id` (the task that keeps status.json): where a
+    job that died before it could write status.json said why."""
+    return submitit.core.utils.JobPaths(Path(logs), job_id, task_id=0).stderr
+
+
+# a raised exception's last traceback line: `ModuleNotFoundError: No module named 'x'`, `torch.OutOfMemoryError`
+_RAISED = re.compile(r"^([A-Za-z_]\w*\.)*[A-Za-z_]\w*(Error|Exception|Exit|Interrupt)\b")
+_ERROR = re.compile(r"\berror\b", re.IGNORECASE)  # `slurmstepd: error: ...`, `error: ...`
+
+
+def last_error(log: Path, tail_bytes: int = 1 << 16) -> str | None:
+    """Why a job ended, from the end of its log: the last unindented line that is a raised exception or an
+    error report (`slurmstepd: error: *** JOB 7 ... CANCELLED DUE TO TIME LIMIT ***`), else the last
+    non-blank line; None when the log is missing or empty."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - tail_bytes, 0))
+            lines = [ln.rstrip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    said = [ln for ln in lines if not ln[0].isspace() and (_RAISED.match(ln) or _ERROR.search(ln))]
+    found = (said or lines or [None])[-1]
+    return found[:300] if found else None
 
 
 def job_env() -> dict[str, object]:

@@ -32,7 +32,7 @@ from infra.executors import (  # noqa: F401
 )
 from infra.redact import redact, redacted_yaml
 from infra.tracking import recorded_run_id
-from orchestration.job import TrainPoint, mark_mlflow_run, read_status, write_status
+from orchestration.job import TrainPoint, job_log, last_error, mark_mlflow_run, read_status, write_status
 from train.config import PROJECT_ROOT, ConfigError, build_config, load_experiment, parse_value
 from train.progress import read_progress
 
@@ -334,10 +334,12 @@ def latest_sweep(experiment: str) -> Path | None:
 
 
 def status_rows(sweep_json: Path) -> list[dict]:
-    """Each point's status.json, with `dead` where the scheduler says the job ended without writing
-    done/failed (SIGKILL, OOM kill, node loss, scancel)."""
+    """Each point's status.json and its job's log (`log`), with `dead` where the scheduler says the job ended
+    without writing done/failed (SIGKILL, OOM kill, node loss, scancel, a pickle that no longer loads) and
+    then its `cause`: the last error its log shows, else the scheduler's state."""
     info = json.loads(sweep_json.read_text())
-    rows = [{**job, **read_status(Path(job["run_dir"]))} for job in info["jobs"]]
+    rows = [{**job, **read_status(Path(job["run_dir"])), "log": str(job_log(info["logs"], job["job_id"]))}
+            for job in info["jobs"]]  # fmt: skip
     active = [r for r in rows if r["state"] not in ENDED]
     if not active:
         return rows
@@ -350,7 +352,15 @@ def status_rows(sweep_json: Path) -> list[dict]:
             r.update(again)
             if again["state"] not in ENDED:
                 r["state"] = "dead"
+                r["cause"] = last_error(Path(r["log"])) or sched_state or _silent(Path(r["log"]))
     return rows
+
+
+def _silent(log: Path) -> str:
+    """The cause of a death neither the log nor the scheduler explains."""
+    if not log.is_file():
+        return "no log: the job died before it started"
+    return "its log ends without an error (a SIGKILL or an OOM kill leaves none)"
 
 
 def reconcile_mlflow(info: dict, rows: list[dict]) -> None:
@@ -363,9 +373,7 @@ def reconcile_mlflow(info: dict, rows: list[dict]) -> None:
         for r in rows:
             run_id = recorded_run_id(Path(r["run_dir"]))
             if r["state"] == "dead" and run_id and client.get_run(run_id).info.status == "RUNNING":
-                mark_mlflow_run(
-                    Path(r["run_dir"]), "KILLED", note=f"job {r['job_id']} died ({r['scheduler_state']})"
-                )
+                mark_mlflow_run(Path(r["run_dir"]), "KILLED", note=f"job {r['job_id']} died: {r['cause']}")
         if all(r["state"] in ENDED for r in rows) and info.get("mlflow_parent_run"):
             status = "FINISHED" if all(r["state"] == "done" for r in rows) else "FAILED"
             if client.get_run(info["mlflow_parent_run"]).info.status != status:
@@ -385,11 +393,15 @@ def print_status(experiment: str) -> int:
     reconcile_mlflow(info, rows)
     print(f"sweep {path.parent.name} ({info['launcher']}), MLflow parent run {info['mlflow_parent_run']}")
     for r in rows:
-        extra = f"  [{r['scheduler_state']}]" if r["state"] == "dead" else ""
+        extra = f"  [{r['scheduler_state']}]" if r["state"] == "dead" and r["scheduler_state"] else ""
         print(f"  {r['job_id']:>12}  {r['state']:<9} {json.dumps(r['point'])}  {r['run_dir']}{extra}")
         if r["state"] == "failed":
             for line in r.get("error", "").strip().splitlines()[-5:]:
                 print(f"      | {line}")
+        if r["state"] == "dead":
+            print(f"      | {r['cause']}")
+        if r["state"] in ("failed", "dead"):
+            print(f"      | log {r['log']}")
     running_at = [r["running_at"] for r in rows if "running_at" in r]
     if running_at and info.get("started"):
         print(f"first job started training {min(running_at) - info['started']:.1f} s after the sweep command")
@@ -417,9 +429,7 @@ def resume(experiment: str) -> dict:
     run_dirs = [Path(info["jobs"][i]["run_dir"]) for i in todo]
     for i, d in zip(todo, run_dirs):
         if rows[i]["state"] == "dead":
-            mark_mlflow_run(
-                d, "KILLED", note=f"job {rows[i]['job_id']} died ({rows[i].get('scheduler_state', '')})"
-            )
+            mark_mlflow_run(d, "KILLED", note=f"job {rows[i]['job_id']} died: {rows[i]['cause']}")
         write_status(d, "submitted", resubmitted_after=rows[i]["state"])
     jobs = _submit_points(executor, run_dirs, info.get("slots", ""), int(info.get("max_parallel", 0)))
     for i, job in zip(todo, jobs):
@@ -467,7 +477,9 @@ def wait(info: dict, poll_s: float = 10.0) -> int:
             reconcile_mlflow(info, rows)
             for r in rows:
                 if r["state"] in ("failed", "dead"):
-                    print(f"{r['job_id']} {r['state']}: {r.get('message') or r.get('scheduler_state', '')}")
+                    print(
+                        f"{r['job_id']} {r['state']}: {r.get('message') or r.get('cause', '')} (log {r['log']})"
+                    )
             return 1 if counts["failed"] + counts["dead"] else 0
         time.sleep(poll_s)
 

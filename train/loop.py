@@ -337,7 +337,9 @@ class TrainingLoop:
 
 
 def run_loop(loop_cls: type[TrainingLoop], cfg: DictConfig, engine=None) -> dict[str, float]:
-    """Train with this (validated) config; marks the MLflow run FAILED (or KILLED) with the error on a crash."""
+    """Train with this (validated) config; marks the MLflow run FAILED (or KILLED) with the error on a crash.
+    However the run ends, the deletion of pruned checkpoints has ended when this returns: every entry point
+    ends with `os._exit` (infra/process_exit.py), which would cut that thread short."""
     if cfg.run_name is None:
         part = f"-{loop_cls.run_name_part}" if loop_cls.run_name_part else ""
         cfg.run_name = (
@@ -366,8 +368,11 @@ def run_loop(loop_cls: type[TrainingLoop], cfg: DictConfig, engine=None) -> dict
             loop.tracker.finish(status, error="".join(traceback.format_exception_only(exc)).strip())
         raise
     finally:
-        if agree:
-            barrier()
+        try:
+            if agree:
+                barrier()
+        finally:  # after the barrier (no rank waits in a collective for it), before any `os._exit` ends
+            ckpt.wait_for_pruning()  # the thread deleting the last pruned step: no `.trash-step_*` left
 
 
 def _record_preemption(loop: TrainingLoop, stop: Preempted) -> None:
