@@ -15,7 +15,9 @@ from tests.scripted_model import ScriptedModel
 from train.batch import Batch
 from train.env.base import EnvStep
 from train.env.tool_format import ChatFormat, parse_tool_calls
-from train.rollout.agent_loop import AgentRollout, env_metrics, zero_failed_trajectories
+from train.rewards.base import RewardResult
+from train.rewards.trajectory import score_rollout
+from train.rollout.agent_loop import AgentRollout, env_metrics
 from train.rollout.base import SamplingConfig
 
 ROW = {"prompt": [{"role": "user", "content": "What is 123 * 4567?"}], "ground_truth": "561741"}
@@ -183,9 +185,10 @@ def test_an_environment_that_raises_ends_its_trajectory_alone_with_reward_zero(t
     assert [e["env_reward"] for e in batch.episodes] == [1.0, 1.0, 0.0, 0.0]
     assert len(said) == 2 and all("simulated user crashed" in s and s.startswith("warning:") for s in said)
     assert "that is wrong, try again" in tokenizer.decode(batch.response_ids[0])
-    batch.scores, batch.correct = [1.0] * 4, [1.0] * 4
-    zero_failed_trajectories(batch)
-    assert batch.scores == [1.0, 1.0, 0.0, 0.0] and batch.correct == [1.0, 1.0, 0.0, 0.0]
+    reward = score_rollout(lambda *a: RewardResult([1.0] * 4, [1.0] * 4), rows * 2, batch)
+    assert reward.scores == [1.0, 1.0, 0.0, 0.0] and reward.correct == [1.0, 1.0, 0.0, 0.0]
+    with_env = score_rollout(lambda *a: RewardResult([0.5] * 4, [1.0] * 4), rows * 2, batch, 1.0)
+    assert with_env.scores == [1.5, 1.5, 0.0, 0.0]  # env.reward_weight=1: the environment's reward added
 
 
 def test_stops_max_turns_total_budget_and_cut_turns(tokenizer):
@@ -361,3 +364,61 @@ def test_hostile_python_is_one_error_observation_and_spares_the_other_trajectori
         "answered"
     ] * 5
     assert env_metrics(batch.episodes)["env/errors_tool_error"] == 4.0
+
+
+class Paying(Echo):
+    """A tool that pays for being called well: 1.0 for "good", NaN (counted 0) for anything else."""
+
+    name = "pay"
+
+    def __call__(self, text: str):
+        from train.env.base import ToolResult
+
+        return ToolResult(f"paid:{text}", 1.0 if text == "good" else float("nan"))
+
+
+def test_calls_their_results_and_tool_rewards_are_in_the_trajectory(tokenizer):
+    def script(text, turn):
+        if turn == 0:
+            return call("pay", text="good") + call("pay", text="bad")
+        return call("echo", text="x") if turn == 1 else "The answer is 561741."
+
+    _, batch, _ = rollout(tokenizer, script, [Paying(), Echo()])
+    episode = batch.episodes[0]
+    assert episode["calls"] == [
+        {"name": "pay", "arguments": {"text": "good"}, "result": "paid:good"},
+        {"name": "pay", "arguments": {"text": "bad"}, "result": "paid:bad"},
+        {"name": "echo", "arguments": {"text": "x"}, "result": "echo:x"},
+    ]
+    assert episode["env_reward"] == 1.0  # the NaN reward counts 0; a plain-text tool pays nothing
+    reward = score_rollout(lambda *a: RewardResult([0.0]), [ROW], batch, 0.5)
+    assert reward.scores == [0.5]  # through env.reward_weight
+
+
+class Fragmenting(ScriptedModel):
+    """Samples its first turn one character at a time: the ids a real sampler may produce, which decode to
+    the same text as the tokenizer's own (shorter) encoding."""
+
+    def step(self):
+        outs = super().step()
+        for out in outs:
+            if not out.request_id.endswith("r0"):
+                continue
+            chars = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in out.text]
+            out.token_ids = [i for ids in chars for i in ids] + [self.tokenizer.eos_token_id]
+            out.logprobs = [0.0] * len(out.token_ids)
+        return outs
+
+
+def test_retokenization_drift_counts_model_turns_that_would_not_re_encode(tokenizer):
+    script = lambda text, turn: call("echo", text="hi") if turn == 0 else "The answer is 561741."  # noqa: E731
+    model = Fragmenting(tokenizer, script)
+    agent = AgentRollout(model, tokenizer, {"echo": Echo()})
+    batch = agent.generate(agent.encode([ROW]), [ROW], SamplingConfig(n=1, max_new_tokens=64, seed=1))
+    first = batch.episodes[0]["segments"][0]
+    kept = batch.response_ids[0][first["start"] : first["end"]]
+    assert len(kept) > len(tokenizer(first["text"], add_special_tokens=False)["input_ids"]) + 1  # as sampled
+    assert batch.episodes[0]["drifted_turns"] == 1  # the first turn drifts, the canonical second does not
+    assert env_metrics(batch.episodes)["env/retokenization_drift_rate"] == 0.5
+    _, plain, _ = rollout(tokenizer, script, [Echo()])
+    assert env_metrics(plain.episodes)["env/retokenization_drift_rate"] == 0.0

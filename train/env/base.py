@@ -58,6 +58,27 @@ def one_argument_schema(
 
 
 @dataclass
+class ToolResult:
+    """What a tool may return instead of plain text: the text the model reads and a reward for the call
+    (summed into the trajectory's environment reward, which reaches training through env.reward_weight:
+    train/rewards/trajectory.py). A non-finite or non-numeric reward counts 0."""
+
+    text: str
+    reward: float = 0.0
+
+
+def finite_or_zero(value: Any) -> float:
+    """A reward from user code as a float; 0 for anything that is not a finite number."""
+    if isinstance(value, (str, bytes)):
+        return 0.0
+    try:
+        x = float(value)
+    except Exception:  # noqa: BLE001 -- whatever __float__ raises, it is not a reward
+        return 0.0
+    return x if math.isfinite(x) else 0.0
+
+
+@dataclass
 class EnvStep:
     """What an environment answers a model turn with. `observation` None: nothing more to say."""
 

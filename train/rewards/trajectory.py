@@ -14,9 +14,9 @@ and trains on the reward function alone; 1 adds them as they are. A reward funct
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
+from train.env.base import finite_or_zero
 from train.rewards.base import RewardResult
 
 
@@ -42,7 +42,8 @@ def score_rollout(
         return result
     if env_reward_weight:
         result.scores = [
-            s + env_reward_weight * _finite(e.get("env_reward", 0.0)) for s, e in zip(result.scores, episodes)
+            s + env_reward_weight * finite_or_zero(e.get("env_reward", 0.0))
+            for s, e in zip(result.scores, episodes)
         ]
     for i, episode in enumerate(episodes):  # a trajectory whose environment failed scores 0, not correct
         if episode.get("failed"):
@@ -50,11 +51,3 @@ def score_rollout(
             if result.correct is not None:
                 result.correct[i] = 0.0
     return result
-
-
-def _finite(value: Any) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return x if math.isfinite(x) else 0.0

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from train.batch import Batch
-from train.env.base import EnvStep, checked_observation, checked_step
+from train.env.base import EnvStep, ToolResult, checked_observation, checked_step, finite_or_zero
 from train.env.calls import CallFailed, CallPool, describe
 from train.env.tool_format import ChatFormat, ParsedTurn, parse_tool_calls
 from train.rollout.base import SamplingConfig, TurnOutput
@@ -65,6 +65,7 @@ class Trajectory:
     segments: list[dict] = field(default_factory=list)  # {"role": "model" | "env", "start", "end", "text"}
     turns: int = 0
     tool_calls: int = 0
+    calls: list[dict] = field(default_factory=list)  # {"name", "arguments", "result"} in the order made
     errors: dict[str, int] = field(default_factory=dict)
     tool_latency_s: list[float] = field(default_factory=list)
     env_reward: float = 0.0
@@ -73,6 +74,7 @@ class Trajectory:
     stop: str = ""  # answered | done | max_turns | max_total_tokens | turn_length | env_error
     failed: str | None = None
     failed_kind: str | None = None  # one of ENV_ERROR_KINDS when failed
+    drifted: int = 0  # model turns whose text would not re-encode to the sampled ids (retokenization_drift)
 
     @property
     def truncated(self) -> bool:
@@ -93,6 +95,7 @@ class Trajectory:
         return {
             "turns": self.turns,
             "tool_calls": self.tool_calls,
+            "calls": [dict(c) for c in self.calls],
             "errors": dict(self.errors),
             "tool_latency_s": list(self.tool_latency_s),
             "env_reward": self.env_reward,
@@ -102,6 +105,7 @@ class Trajectory:
             "failed_kind": self.failed_kind,
             "segments": [dict(s) for s in self.segments],
             "env_tokens": len(self.mask) - sum(self.mask),
+            "drifted_turns": self.drifted,
         }
 
 
@@ -214,6 +218,8 @@ class AgentRollout:
             "hung_calls": float(self.pool.abandoned),
         }
         self._warn_hung()
+        for t in trajs:
+            t.drifted = retokenization_drift(self.tokenizer, t)
         return Batch(
             prompt_ids=[t.prompt_ids for t in trajs],
             response_ids=[t.token_ids for t in trajs],
@@ -279,6 +285,7 @@ class AgentRollout:
                 names.append("")
             for call in parsed.calls:
                 t.tool_calls += 1
+                t.calls.append({"name": call.name, "arguments": call.arguments, "result": None})
                 futures.append(self.pool.submit(self._call_tool, call.name, call.arguments))
                 names.append(call.name)
             waiting.append(_Pending(t, futures, names))
@@ -315,19 +322,23 @@ class AgentRollout:
         t.env = self.interaction()  # set from the pool's thread: read once the call is settled
         return checked_observation(t.env.reset(t.row), "reset's observation")
 
-    def _call_tool(self, name: str, arguments: dict) -> tuple[str, str | None, float]:
-        """(result text, error kind or None, seconds) of one call."""
+    def _call_tool(self, name: str, arguments: dict) -> tuple[str, str | None, float, float]:
+        """(result text, error kind or None, seconds, the call's reward) of one call."""
         tick = time.perf_counter()
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self.tools))
-            return f"error: unknown tool {name!r} (available: {known})", "unknown_tool", 0.0
+            return f"error: unknown tool {name!r} (available: {known})", "unknown_tool", 0.0, 0.0
+        reward = 0.0
         try:
-            result, kind = str(tool(**arguments)), None
+            out = tool(**arguments)
+            if isinstance(out, ToolResult):
+                out, reward = out.text, finite_or_zero(out.reward)
+            result, kind = str(out), None
         except BaseException as exc:  # noqa: BLE001 -- SystemExit too: a tool's failure is the model's observation
             message = describe(exc, self._max_chars(), with_type=not isinstance(exc, Exception))
             result, kind = (message if message.startswith("error") else f"error: {message}"), "tool_error"
-        return result, kind, time.perf_counter() - tick
+        return result, kind, time.perf_counter() - tick, reward
 
     # ---- answers ----------------------------------------------------------------------------------
     def _answer(self, p: _Pending, budget: int, ready: deque) -> None:
@@ -336,20 +347,27 @@ class AgentRollout:
         if p.env_step:
             return self._env_answer(t, p.futures[0], budget, ready)
         results = []
+        made = iter(t.calls[len(t.calls) - sum(1 for n in p.names if n) :])  # this turn's calls, in order
         for future, name in zip(p.futures, p.names):
             try:
-                text, kind, seconds = future.result()
+                text, kind, seconds, reward = future.result()
             except CallFailed as exc:
                 if exc.kind == "timeout":
                     t.error("timeout")
-                    results.append(f"error: tool {name!r} timed out after {self.tool_timeout_s:g} s")
+                    text = f"error: tool {name!r} timed out after {self.tool_timeout_s:g} s"
+                    results.append(text)
+                    if name:
+                        next(made)["result"] = text
                     continue
-                text, kind, seconds = f"error: {exc.message}", "tool_error", 0.0
+                text, kind, seconds, reward = f"error: {exc.message}", "tool_error", 0.0, 0.0
             if name:
                 t.tool_latency_s.append(seconds)
+                t.env_reward += reward
             if kind:
                 t.error(kind)
             results.append(self._cut(t, text))
+            if name:
+                next(made)["result"] = results[-1]
         self._observe(t, self.format.as_messages(results, "tool"), budget, ready)
 
     def _env_answer(self, t: Trajectory, future: Future, budget: int, ready: deque) -> None:
@@ -436,21 +454,22 @@ def _close_env(env: Any) -> None:
 
 def _done(value: Any) -> Future:
     f: Future = Future()
-    f.set_result((value, None, 0.0))
+    f.set_result((value, None, 0.0, 0.0))
     return f
 
 
-def zero_failed(episodes: list[dict], scores: list[float], correct: list[float] | None) -> None:
-    """A trajectory whose environment raised gets score 0 (and is not correct), whatever the reward said."""
-    for i, episode in enumerate(episodes):
-        if episode.get("failed"):
-            scores[i] = 0.0
-            if correct is not None:
-                correct[i] = 0.0
-
-
-def zero_failed_trajectories(batch: Batch) -> None:
-    zero_failed(batch.episodes, batch.scores, batch.correct)
+def retokenization_drift(tokenizer, t: Trajectory) -> int:
+    """How many of `t`'s model turns would come back as other ids if their text were decoded and encoded
+    again: what a loop that re-renders the conversation from text (instead of keeping the sampled ids, as
+    this one does) would train on that the model never sampled (`env/retokenization_drift_rate`)."""
+    drifted = 0
+    for segment in t.segments:
+        if segment["role"] != "model":
+            continue
+        ids = t.token_ids[segment["start"] : segment["end"]]
+        again = tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"]
+        drifted += again != ids
+    return drifted
 
 
 def env_metrics(episodes: list[dict], stats: dict[str, float] | None = None) -> dict[str, float]:
@@ -463,6 +482,7 @@ def env_metrics(episodes: list[dict], stats: dict[str, float] | None = None) -> 
     attempts = calls + errors["malformed"]
     tokens = sum(s["end"] - s["start"] for e in episodes for s in e["segments"])
     latencies = [x for e in episodes for x in e["tool_latency_s"]]
+    model_turns = sum(s["role"] == "model" for e in episodes for s in e["segments"])
     out = {
         "env/turns_mean": sum(e["turns"] for e in episodes) / n,
         "env/tool_calls_mean": calls / n,
@@ -474,6 +494,9 @@ def env_metrics(episodes: list[dict], stats: dict[str, float] | None = None) -> 
         "env/tool_latency_mean_s": sum(latencies) / len(latencies) if latencies else 0.0,
         "env/tool_latency_max_s": max(latencies, default=0.0),
         "env/used_tools_rate": sum(e["tool_calls"] > 0 for e in episodes) / n,
+        "env/retokenization_drift_rate": sum(e.get("drifted_turns", 0) for e in episodes) / model_turns
+        if model_turns
+        else 0.0,
     }
     out.update({f"env/errors_{k}": float(v) for k, v in errors.items()})
     for kind in ENV_ERROR_KINDS:  # trajectories whose environment failed, by why
