@@ -356,7 +356,9 @@ def test_hostile_python_is_one_error_observation_and_spares_the_other_trajectori
         return call("python", code=programs[name]) if turn == 0 else "done"
 
     tool = PythonTool(timeout_s=2.0, memory_mb=256, max_output_bytes=4096)
-    _, batch, _ = rollout(tokenizer, script, [tool], rows=rows, tool_timeout_s=60.0, max_observation_tokens=64)
+    _, batch, _ = rollout(
+        tokenizer, script, [tool], rows=rows, tool_timeout_s=60.0, max_observation_tokens=64
+    )
     observations = [next(s["text"] for s in e["segments"] if s["role"] == "env") for e in batch.episodes]
     assert all("<tool_response>\nerror:" in o for o in observations[:4]), observations
     assert observations[4].split() == ["<tool_response>", "42", "</tool_response>"]  # print adds a newline
