@@ -37,12 +37,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from data_prep.schema import extra_info_of, hashed_split, make_row, splits_parser, write_splits
+from data_prep.schema import extra_info_of, family_order, hashed_split, make_row, splits_parser, write_splits
 
 DATA_SOURCE = "multi_answer"
 INSTRUCTION = "Give only the number as your answer."
 TEST_PERCENT = 20
-SPLITS = ("train", "test")
 MIN_ANSWERS = 4  # fewer correct answers would not leave room for diversity in a group of 8
 # earlier chat turns showing the answer format (question -> bare number); their families' answers are valid
 FEW_SHOT = (("Give an even number between 3 and 9.", "4"), ("Give a prime number between 20 and 40.", "31"))
@@ -173,17 +172,9 @@ def generate(
     instruction: str = INSTRUCTION,
 ) -> list[dict]:
     """``n`` schema rows of ``split``, ``families`` (default DEFAULT_FAMILIES) in equal shares."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    names = list(families or DEFAULT_FAMILIES)
-    unknown = [f for f in names if f not in FAMILIES]
-    if unknown:
-        raise ValueError(f"unknown {DATA_SOURCE} families {unknown}: use some of {', '.join(FAMILIES)}")
-    rng = random.Random(f"{DATA_SOURCE}:{seed}:{split}")
-    order = [names[i % len(names)] for i in range(n)]
-    rng.shuffle(order)
+    rng, order = family_order(DATA_SOURCE, families or DEFAULT_FAMILIES, FAMILIES, n, seed, split)
     rows = []
     for i, family in enumerate(order):
         for _ in range(10_000):

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -163,6 +164,23 @@ def read_parquet(path: str | os.PathLike, hint: str = DEFAULT_HINT) -> list[dict
     for i, row in enumerate(rows):
         validate_row(row, f"{path}: row {i}")
     return rows
+
+
+def family_order(
+    source: str, families: Iterable[str], known: Mapping, n: int, seed: int, split: str
+) -> tuple[random.Random, list[str]]:
+    """A generator's rng (seeded by source, seed and split) and the family of each of its `n` rows: `families`
+    in equal shares, shuffled; a ValueError on an unknown split or family."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be one of ('train', 'test'), got {split!r}")
+    names = list(families)
+    unknown = [f for f in names if f not in known]
+    if unknown:
+        raise ValueError(f"unknown {source} families {unknown}: use some of {', '.join(known)}")
+    rng = random.Random(f"{source}:{seed}:{split}")
+    order = [names[i % len(names)] for i in range(n)]
+    rng.shuffle(order)
+    return rng, order
 
 
 def hashed_split(key: str | bytes, test_percent: int) -> str:

@@ -29,12 +29,11 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from data_prep.schema import extra_info_of, hashed_split, make_row, splits_parser, write_splits
+from data_prep.schema import extra_info_of, family_order, hashed_split, make_row, splits_parser, write_splits
 from data_prep.tool_math import INSTRUCTION
 
 DATA_SOURCE = "tool_multi_answer"
 TEST_PERCENT = 20
-SPLITS = ("train", "test")
 MIN_ANSWERS = 6  # a group of 8 can hold several different correct answers
 MAX_ANSWERS = 150  # the ground truth lists them all, and is logged with every sample
 HINT = "You can check a candidate with the calculator."
@@ -105,15 +104,7 @@ def split_of(family: str, params: dict) -> str:
 
 def generate(n: int, seed: int, split: str = "train", families: Sequence[str] | None = None) -> list[dict]:
     """`n` schema rows of `split`, `families` (default: all) in equal shares; MIN_ANSWERS..MAX_ANSWERS answers each."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    names = list(families or FAMILIES)
-    unknown = [f for f in names if f not in FAMILIES]
-    if unknown:
-        raise ValueError(f"unknown {DATA_SOURCE} families {unknown}: use some of {', '.join(FAMILIES)}")
-    rng = random.Random(f"{DATA_SOURCE}:{seed}:{split}")
-    order = [names[i % len(names)] for i in range(n)]
-    rng.shuffle(order)
+    rng, order = family_order(DATA_SOURCE, families or FAMILIES, FAMILIES, n, seed, split)
     rows = []
     for i, family in enumerate(order):
         for _ in range(10_000):
