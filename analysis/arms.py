@@ -57,11 +57,11 @@ class Estimate:
         if math.isnan(self.mean):
             return "-"
         self = Estimate(
-            _tidy(self.mean),
-            _tidy(self.lo),
-            _tidy(self.hi),
+            tidy(self.mean),
+            tidy(self.lo),
+            tidy(self.hi),
             self.n,
-            tuple(map(_tidy, self.values)),
+            tuple(map(tidy, self.values)),
             self.clipped,
         )
         if self.has_ci:
@@ -108,8 +108,9 @@ def paired_difference(
     return interval([a[k] - b[k] for k in keys], bounds)
 
 
-def _tidy(x: float) -> float:
-    return round(x, 12) + 0.0  # no -2.8e-17 from a difference of equal floats
+def tidy(x: float) -> float:
+    """`x` for printing: no -2.8e-17 from a difference of equal floats, no -0."""
+    return round(x, 12) + 0.0
 
 
 def seed_signs(values: list[float]) -> str:
@@ -144,7 +145,7 @@ def verdict_clause(first: str, other: str, diff: Estimate, digits: int = 3, bett
     up, down = {"higher": ("better", "worse"), "lower": ("worse", "better")}.get(
         better or "", ("higher", "lower")
     )
-    mean, values = _tidy(diff.mean), [_tidy(v) for v in diff.values]
+    mean, values = tidy(diff.mean), [tidy(v) for v in diff.values]
     f = f"+.{digits}g"
     if not diff.has_ci:
         need = f"an interval needs {MIN_SEEDS_FOR_CI} or more seeds"
@@ -166,7 +167,7 @@ def verdict_clause(first: str, other: str, diff: Estimate, digits: int = 3, bett
             else (down, sum(v < 0 for v in values))
         )
         return f"{first} {word} than {other} in {k} of {diff.n} seeds, equal in the rest ({seeds}); {need}"
-    lo, hi = _tidy(diff.lo), _tidy(diff.hi)
+    lo, hi = tidy(diff.lo), tidy(diff.hi)
     span = f"[{lo:{f}}, {hi:{f}}]{CLIPPED_MARK if diff.clipped else ''}, {diff.n} seeds"
     if lo > 0:
         return f"{first} {up} than {other} by {mean:.{digits}g} {span}"
@@ -179,16 +180,16 @@ def reading(diff: Estimate) -> str:
     """A difference in a word or three, for a table column."""
     if diff.n == 0:
         return "-"
-    values = [_tidy(v) for v in diff.values]
+    values = [tidy(v) for v in diff.values]
     if not diff.has_ci:
         if diff.n == 1:
             return "one seed"
         every = "both seeds" if diff.n == 2 else f"all {diff.n} seeds"
         signs = seed_signs(values)
         return f"{signs} in {every}" if signs in ("higher", "lower") else signs
-    if _tidy(diff.lo) > 0:
+    if tidy(diff.lo) > 0:
         return "higher"
-    if _tidy(diff.hi) < 0:
+    if tidy(diff.hi) < 0:
         return "lower"
     return "no difference beyond noise"
 

@@ -55,11 +55,14 @@ def arm_curves(
     order: list[str],
     smooth: int = 1,
     bounds: tuple[float, float] | None = None,
+    seeds: bool = False,
 ):
     """One line per arm of `key` against step: the mean over the arm's runs (seeds), bold. An arm with
     MIN_SEEDS_FOR_CI runs or more gets a light band, the 95% t interval over its runs at each step clipped
     to `bounds` (the metric's range); an arm with fewer shows each seed as a thin line instead (a t band
-    from 2 seeds is 12.7 spreads wide and buries the means). `runs` needs an `arm` column."""
+    from 2 seeds is 12.7 spreads wide and buries the means). `seeds`: each seed's thin line beside the
+    band too (held-out figures logged at a few steps, where a seed's own path is the story). `runs` needs
+    an `arm` column."""
     from analysis.arms import MIN_SEEDS_FOR_CI
 
     smooth = _window(history, key, smooth)
@@ -78,10 +81,8 @@ def arm_curves(
                     lambda v: v.rolling(smooth, min_periods=1).mean()
                 )
             )
-        if _plot_arm(ax, h, arm, cycle[i % len(cycle)], bounds):
-            banded = True
-        else:
-            seeded = True
+        band = _plot_arm(ax, h, arm, cycle[i % len(cycle)], bounds, seeds)
+        banded, seeded = banded or band, seeded or seeds or not band
     ax.set_xlabel("step")
     ax.set_ylabel(key)
     spread = []
@@ -89,7 +90,7 @@ def arm_curves(
         clip = f", clipped to {_span(bounds)}" if bounds else ""
         spread.append(f"band: 95% t CI over seeds{clip}")
     if seeded:
-        spread.append(f"thin: each seed (a band needs {MIN_SEEDS_FOR_CI}+)")
+        spread.append("thin: each seed" + ("" if seeds else f" (a band needs {MIN_SEEDS_FOR_CI}+)"))
     ax.set_title(
         key + (f" (rolling mean {smooth})" if smooth > 1 else "") + "\nbold: mean; " + "; ".join(spread),
         fontsize=9,
@@ -101,9 +102,11 @@ def arm_curves(
     return fig
 
 
-def _plot_arm(ax, h: pd.DataFrame, arm: str, colour: str, bounds: tuple[float, float] | None) -> bool:
+def _plot_arm(
+    ax, h: pd.DataFrame, arm: str, colour: str, bounds: tuple[float, float] | None, seeds: bool = False
+) -> bool:
     """One arm's bold mean line over its runs, with its CI band (True) or, below MIN_SEEDS_FOR_CI runs,
-    each seed's thin line (False)."""
+    each seed's thin line (False); `seeds`: the seeds' lines with the band too."""
     from analysis.arms import MIN_SEEDS_FOR_CI, interval
 
     n = h["run_id"].nunique()
@@ -114,7 +117,7 @@ def _plot_arm(ax, h: pd.DataFrame, arm: str, colour: str, bounds: tuple[float, f
         lo = [e.lo if e.has_ci else e.mean for _, e in per_step]
         hi = [e.hi if e.has_ci else e.mean for _, e in per_step]
         ax.fill_between(steps, lo, hi, color=colour, alpha=0.12, linewidth=0)
-    else:
+    if seeds or not banded:
         for _, run in h.groupby("run_id"):
             ax.plot(run["step"], run["value"], color=colour, alpha=0.35, linewidth=0.8)
     ax.plot(

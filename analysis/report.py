@@ -8,6 +8,9 @@ decisive answer needs (analysis.power), the results table (also `leaderboard.{te
 `@first` means under "before training", curves per arm (`arms.csv`, `comparison.csv`); then the
 leaderboards (per run: `leaderboard_runs.*`; per checkpoint), training curves, eval metrics against step,
 a diversity-vs-quality plot and NoveltyBench per category, the figures as PNG files beside it.
+Right after the headline, what RL changed (analysis.rl_change): each held-out (`val/*`) headline metric
+per arm at step 0 and at the end and the change, a sentence each, the table (`rl_change.csv`) and the
+per-arm curves with each seed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ matplotlib.use("Agg")  # files only; notebooks keep their inline backend (figure
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis import figures  # noqa: E402
+from analysis import figures, rl_change  # noqa: E402
 from analysis.arms import arm_order, load_arm_runs, reading  # noqa: E402
 from analysis.headline import (  # noqa: E402
     base_metric,
@@ -254,6 +257,8 @@ def _arm_sections(
         key, k = base_metric(h.metric)
         if k is not None:
             steps.setdefault(k, []).append(key)
+    held_out = rl_change.rl_headline(headline)  # their first (step 0) and last validation: what RL changed
+    steps.setdefault(rl_change.ENDS, []).extend(h.metric for h in held_out)
     for k, keys in sorted(steps.items()):
         table = add_last_steps_means(table, list(dict.fromkeys(keys)), k=k, uri=uri)
     candidates = headline_metrics(table)
@@ -274,6 +279,13 @@ def _arm_sections(
     (out_dir / "results.md").write_text(readme_table(r, experiment, selection))
 
     sections = [("Headline", _headline_html(experiment, r, results, missing))]
+    found = rl_change.changes(table, history, held_out, order)
+    if found:
+        (out_dir / "rl_change.csv").write_text(rl_change.to_csv(found))
+        figs = _arm_figures(runs, [h.metric for h in held_out], order, fig_dir, "rl", uri, seeds=True)
+        sections.append(
+            ("What RL changed: held-out figures at step 0 and at the end", _changes_html(found, figs))
+        )
     sections.append(("All metrics after training", _metrics_table(r, r.metrics)))
     if r.before:
         sections.append(
@@ -284,20 +296,52 @@ def _arm_sections(
         )
     # the arm leaderboard as files only (`make leaderboard BY=arm` writes it too): the tables above say it
     write(by_arm(table, arms), out_dir, "leaderboard_arms")
-    keys = [k for k in ARM_CURVES if k in runs.columns]
-    if keys:
-        hist = load_history(list(runs["run_id"]), keys, uri)
-        imgs = [
-            _save(
-                figures.arm_curves(
-                    hist, runs, k, order, smooth=3, bounds=metric_range(k, run_samples(runs, k))
-                ),
-                fig_dir / f"arm_{i:02d}.png",
-            )
-            for i, k in enumerate(keys)
-        ]
+    drawn = {h.metric for h in held_out} if found else set()  # already in "What RL changed"
+    imgs = _arm_figures(runs, [k for k in ARM_CURVES if k not in drawn], order, fig_dir, "arm", uri)
+    if imgs:
         sections.append(("Curves per arm (bold: mean over seeds)", _figs(imgs)))
     return sections
+
+
+def _arm_figures(runs, keys, order, fig_dir: Path, prefix: str, uri, seeds: bool = False) -> list[str]:
+    """`<prefix>_NN.png`: per logged key, each arm's curve (figures.arm_curves); the files' names."""
+    keys = [k for k in keys if k in runs.columns]
+    if not keys:
+        return []
+    hist = load_history(list(runs["run_id"]), keys, uri)
+    return [
+        _save(
+            figures.arm_curves(
+                hist, runs, k, order, smooth=3, bounds=metric_range(k, run_samples(runs, k)), seeds=seeds
+            ),
+            fig_dir / f"{prefix}_{i:02d}.png",
+        )
+        for i, k in enumerate(keys)
+    ]
+
+
+def _changes_html(found, figs: list[str]) -> str:
+    """A sentence per held-out headline metric and arm, the table of both ends and the change, the curves."""
+    items = "".join(f"<li>{html.escape(rl_change.sentence(c))}</li>" for c in found)
+    rows = "".join(
+        f"<tr><td>{html.escape(c.metric)}</td><td>{html.escape(c.arm)}</td>"
+        f"<td>{html.escape(rl_change.steps_text(c.first_steps))} &rarr; {html.escape(rl_change.steps_text(c.last_steps))}</td>"
+        f"<td>{html.escape(c.start.text())}</td><td>{html.escape(c.end.text())}</td>"
+        f"<td>{html.escape(c.change.text(signed=True))}</td><td>{html.escape(rl_change.reading(c.change))}</td></tr>"
+        for c in found
+    )
+    table = (
+        '<table class="leaderboard rl-change"><thead><tr><th>metric</th><th>arm</th><th>steps</th>'
+        "<th>first validation (before RL)</th><th>last validation (the end)</th><th>change (end - start per seed)</th>"
+        f"<th>reading</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+    note = (
+        "<p class='meta'>Each run validates on the same held-out prompts at step 0 (after any warm-up, before RL) "
+        "and later to the end; the change is end minus start per run, its mean with a 95% Student t interval "
+        "over seeds (clipped to the difference's range, marked *). The table is <code>rl_change.csv</code>; "
+        "the curves show each arm's mean (bold), its band over seeds and each seed (thin).</p>"
+    )
+    return f"<ol class='rl-change'>{items}</ol>{table}{note}{_figs(figs)}"
 
 
 def missing_headline(experiment: str, r, runs: pd.DataFrame) -> list[str]:

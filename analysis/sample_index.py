@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.json_lines import describe, parse_line
+from analysis.turns import turns_text
 
 PAGE_MAX = 200  # samples per page, at most
 
@@ -141,9 +142,9 @@ def _answers(record: dict) -> list[dict]:
     extra = {k: record[k] for k in ("subject", "level") if k in record}
     trajectories = record.get(
         "trajectories"
-    )  # multi-turn answers (--tools): every turn, labelled by who wrote it
+    )  # multi-turn answers (--tools): every turn, labelled by who wrote it (analysis.turns)
     if isinstance(trajectories, list) and len(trajectories) == len(responses):
-        responses = [_turns_text(t) if isinstance(t, list) else r for t, r in zip(trajectories, responses)]
+        responses = [turns_text(t) if isinstance(t, list) else r for t, r in zip(trajectories, responses)]
         extra |= {k: record[k] for k in ("tool_calls", "turns") if k in record}
     return [
         {
@@ -158,15 +159,6 @@ def _answers(record: dict) -> list[dict]:
         }
         for k, text in enumerate(responses)
     ]
-
-
-def _turns_text(turns: list) -> str:
-    """A trajectory's turns as text, each headed by who wrote it ([model] / [environment])."""
-    heads = {"model": "[model]", "env": "[environment]"}
-    return "\n\n".join(
-        f"{heads.get(t.get('role'), '[?]')}\n{t.get('text', '')}" if isinstance(t, dict) else str(t)
-        for t in turns
-    )
 
 
 LIST_FIELDS = ("answers", "generations", "classes", "ratings", "scores", "rm_scores")  # list or null

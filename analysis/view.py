@@ -1,12 +1,15 @@
 """`python -m analysis.view` (`make view`): the samples behind the numbers, in a local browser page.
 
-Three pages, one server (Python's http.server on 127.0.0.1 only; plain HTML/JS in analysis/view_page,
+Four pages, one server (Python's http.server on 127.0.0.1 only; plain HTML/JS in analysis/view_page,
 no network, no build step):
 
 - collapse: one prompt across training steps, one column per run (arm): the group's answers at each
   logged step, coloured by partition class, from the runs' `samples/{val,train}/<step>.jsonl`
   artifacts (train/samples.py). Validation samples repeat the same held-out prompts at every
   validation, so they show one prompt's group narrowing (GRPO) or staying spread (DARLING);
+- trajectories: one held-out prompt at the first and the last logged step (`/api/collapse?steps=ends`:
+  step 0, before RL, and the end) side by side, a row per run, each answer's turns labelled model /
+  tool / user (analysis/turns.py): what RL changed in how the model uses its tools;
 - evals: one checkpoint's samples of one suite (`<results-dir>/<checkpoint>/<suite>/samples.jsonl`),
   filtered and paged on the server over an index (analysis/sample_index.py): the browser holds one page;
 - compare: two checkpoints on the same items, what changed, with links to their MLflow runs.
@@ -88,7 +91,8 @@ def report_links(runs, order: list[str], metrics: list[str], port: int = DEFAULT
     return (
         f"<p class='meta'>Served by <code>make view</code> (python -m analysis.view) on 127.0.0.1:{port}; "
         "start it first. Side by side, one run per arm: "
-        f"{link('collapse', 'the collapse view', runs=paired, kind='val')}.</p>"
+        f"{link('collapse', 'the collapse view', runs=paired, kind='val')}; "
+        f"{link('trajectories', 'one held-out prompt at step 0 and at the end', runs=paired, kind='val')}.</p>"
         f'<table class="leaderboard samples-links"><thead><tr><th>arm</th><th colspan="3">its samples</th></tr>'
         f"</thead><tbody>{rows}</tbody></table>"
         f"<p class='meta'>Per metric: {' · '.join(per_metric)}</p>"
@@ -138,7 +142,7 @@ class Viewer:
             prompts, errors = self.runs.prompts(run_ids, kind)
             return {"prompts": prompts, "errors": errors}
         if path == "/api/collapse":
-            return self.runs.collapse(run_ids, kind, q.get("key", ""))
+            return self.runs.collapse(run_ids, kind, q.get("key", ""), q.get("steps", "all"))
         if path == "/api/evals":
             idx = self.evals.index(q.get("eval", ""))
             page = idx.page(_filters(q), int(q.get("offset", 0)), int(q.get("limit", 50)))

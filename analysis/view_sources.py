@@ -15,10 +15,12 @@ from pathlib import Path
 
 from analysis.json_lines import describe, parse_line
 from analysis.sample_index import SampleIndex
+from analysis.turns import labelled
 from infra.tracking import SAMPLES_ARTIFACT_DIR
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # `make ui`
 MAX_RUNS = 100
+STEP_CHOICES = ("all", "ends")  # a collapse's steps: every logged one, or the first and the last
 
 
 # ---- training samples: the runs' artifacts ---------------------------------------------------------
@@ -109,8 +111,12 @@ class RunSamples:
             ] + out
         return out, errors
 
-    def collapse(self, run_ids: list[str], kind: str, key: str) -> dict:
-        """Each run's group for `key` (prompt:<text> | group:<k>) at every logged step."""
+    def collapse(self, run_ids: list[str], kind: str, key: str, steps: str = "all") -> dict:
+        """Each run's group for `key` (prompt:<text> | group:<k>) at every logged step, or with
+        `steps="ends"` at the first and the last step any of the runs logged it (for validation samples:
+        step 0, before RL, and the end)."""
+        if steps not in STEP_CHOICES:
+            raise ValueError(f"steps={steps!r}: use {' or '.join(STEP_CHOICES)}")
         errors: list[str] = []
         cells: dict[str, dict[int, dict]] = {}
         for rid in run_ids:
@@ -121,14 +127,15 @@ class RunSamples:
             else:
                 mine = [r for r in records if r["prompt_key"] == key.removeprefix("prompt:")]
             cells[rid] = {r["step"]: r for r in mine}
-        steps = sorted({s for c in cells.values() for s in c})
+        logged = sorted({s for c in cells.values() for s in c})
+        shown = logged[:1] + logged[-1:] if steps == "ends" and len(logged) > 1 else logged
         runs = [
             {k: self.runs[rid][k] for k in ("run_id", "label", "arm", "link")}
-            | {"cells": {str(s): cells[rid].get(s) for s in steps}}
+            | {"cells": {str(s): cells[rid].get(s) for s in shown}}
             for rid in run_ids
             if rid in self.runs
         ]
-        return {"kind": kind, "key": key, "steps": steps, "runs": runs, "errors": errors}
+        return {"kind": kind, "key": key, "steps": shown, "runs": runs, "errors": errors}
 
 
 def distinct(record: dict) -> int:
@@ -160,6 +167,9 @@ def _read_jsonl(path: Path, where: str) -> tuple[list[dict], list[str]]:
             continue
         r.setdefault("prompt", "")
         r.setdefault("group", 0)
+        for response in r["responses"]:  # multi-turn: each turn's writer, model / tool / user
+            if isinstance(response.get("turns"), list):
+                response["turns"] = labelled(response["turns"])
         # the n-th group of a prompt the data holds several times (same order at every step)
         r["prompt_key"] = r["prompt"] + (f" (#{seen[r['prompt']] + 1})" if seen[r["prompt"]] else "")
         seen[r["prompt"]] += 1

@@ -133,3 +133,46 @@ def darling_math_store(seeds: tuple[int, ...] = (1, 2), steps: int = 8, sweep: s
                 params={"data.val_n": 8, "rollout.n": 8, "reward.combine": combine},
             )
     return ids
+
+
+# tool_math's held-out figures per arm: (val/accuracy, val/tool_call_rate) per seed 1, 2, 3 at step 0 (after
+# the warm-up, before RL), step 10 and step 20 (the end). Changes end - start: calculator accuracy +0.5, +0.45,
+# +0.4 (mean 0.45, sd 0.05), tool-call rate +0.5, +0.55, +0.6; broken_calculator accuracy +0.05, 0, -0.05,
+# tool-call rate -0.3, -0.2, -0.4 (mean -0.3, sd 0.1); no_tools accuracy 0, +0.05, -0.05, tool-call rate 0.
+TOOL_MATH_VAL = {
+    "calculator": {0: ([0.30, 0.25, 0.35], [0.4, 0.4, 0.4]), 10: ([0.5, 0.5, 0.5], [0.6, 0.7, 0.8]),
+                   20: ([0.80, 0.70, 0.75], [0.9, 0.95, 1.0])},
+    "broken_calculator": {0: ([0.30, 0.25, 0.35], [0.4, 0.4, 0.4]), 10: ([0.3, 0.3, 0.3], [0.3, 0.3, 0.3]),
+                          20: ([0.35, 0.25, 0.30], [0.1, 0.2, 0.0])},
+    "no_tools": {0: ([0.05, 0.0, 0.1], [0.0, 0.0, 0.0]), 10: ([0.05, 0.05, 0.05], [0.0, 0.0, 0.0]),
+                 20: ([0.05, 0.05, 0.05], [0.0, 0.0, 0.0])},
+}  # fmt: skip
+TOOLS = {"calculator": "calculator", "broken_calculator": "broken_calculator", "no_tools": "none"}
+
+
+def tool_math_store(steps: int = 20, sweep: str = "s1") -> dict[str, str]:
+    """tool_math's 3 arms x 3 seeds as its sweep logs them: grid points {grpo.env.tools, grpo.seed}, training
+    curves for `steps` steps, and TOOL_MATH_VAL's val/accuracy, val/tool_call_rate, val/turns_mean at steps
+    0, 10 and `steps`, params data.val_n = 4; run ids by "<arm>-s<seed>"."""
+    ids = {}
+    for arm, by_step in TOOL_MATH_VAL.items():
+        for i, seed in enumerate((1, 2, 3)):
+            evals = {
+                step: {
+                    "val/accuracy": acc[i],
+                    "val/tool_call_rate": rate[i],
+                    "val/turns_mean": 1 + rate[i],
+                }
+                for step, (acc, rate) in zip((0, 10, steps), by_step.values())
+            }
+            start, end = by_step[0][0][i], by_step[20][0][i]
+            ids[f"{arm}-s{seed}"] = log_run(
+                "tool_math",
+                f"tool_math-{arm}-s{seed}",
+                {"grpo.env.tools": TOOLS[arm], "grpo.seed": seed},
+                {"train/accuracy": [start + (end - start) * s / (steps - 1) for s in range(steps)]},
+                evals,
+                sweep=sweep,
+                params={"data.val_n": 4, "rollout.n": 4, "env.tools": TOOLS[arm]},
+            )
+    return ids

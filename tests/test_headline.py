@@ -4,6 +4,7 @@ store of darling_math's 2- and 3-seed sweeps (tests/analysis_store.darling_math_
 
 from __future__ import annotations
 
+import html
 import math
 import re
 
@@ -218,13 +219,19 @@ def test_two_seed_report_opens_with_the_headline_and_draws_no_interval(mlflow_ur
     out = tmp_path / "rep"
     page = build_report("darling_math", out).read_text()
     titles = re.findall(r"<h2>(.*?)</h2>", page)
-    assert titles[:3] == [
+    assert titles[:4] == [
         "Headline",
+        "What RL changed: held-out figures at step 0 and at the end",
         "All metrics after training",
         "Before training (means over the first 5 steps)",
     ]
     text = _text(page)
-    head = text[text.index("Does DARLING differ from GRPO?") : text.index("All metrics after training")]
+    head = text[text.index("Does DARLING differ from GRPO?") : text.index("What RL changed")]
+    # each arm's held-out accuracy from step 0 (0.7 in every run) to the end: +0.22, +0.26 for DARLING
+    assert (
+        "DARLING: held-out accuracy (= pass@1) 0.7 -> 0.94 under RL (step 0 -> step 8; +0.24, seeds +0.22, "
+        "+0.26: rose in both seeds; an interval needs 3 or more seeds)" in html.unescape(text)
+    )
     first = (
         "distinct correct answers per held-out prompt (of 8 samples), higher is better: DARLING 5.3 (seeds 5.5, "
         "5.1) vs GRPO 1.95 (seeds 1.5, 2.4); DARLING better than GRPO in both seeds (+4, +2.7); an interval "

@@ -5,6 +5,7 @@
 const PALETTE = ["#f4a261", "#8ecae6", "#b5e48c", "#cdb4db", "#ffd166", "#90be6d", "#f28482", "#a8dadc",
   "#e9c46a", "#bde0fe", "#ffafcc", "#caffbf", "#d4a373", "#c8b6ff"];
 const PAGE_SIZE = 25;
+const PAGES = ["collapse", "trajectories", "evals", "compare"];
 let INDEX = null;
 
 const $ = (id) => document.getElementById(id);
@@ -25,7 +26,7 @@ function el(tag, attrs, ...children) {
 
 function route() {
   const [page, qs] = location.hash.slice(1).split("?");
-  return { page: ["collapse", "evals", "compare"].includes(page) ? page : "collapse", q: new URLSearchParams(qs || "") };
+  return { page: PAGES.includes(page) ? page : "collapse", q: new URLSearchParams(qs || "") };
 }
 
 function go(page, params) {
@@ -80,7 +81,7 @@ function groupCell(record) {
     const tip = [`${classKey(r)}`, `reward ${fmt(r.reward)}`, `correct ${fmt(r.correct)}`, `quality ${fmt(r.quality)}`,
       `diversity ${fmt(r.diversity)}`, `advantage ${fmt(r.advantage)}`, `length ${fmt(r.length)} (${r.finish || "?"})`,
       "", ...(Array.isArray(r.turns)  // multi-turn: every turn, the model's and the environment's told apart
-        ? r.turns.map((t) => `[${t.role === "env" ? "environment" : "model"}] ${t.text}`) : [r.text])].join("\n");
+        ? r.turns.map((t) => `[${t.who || t.role}] ${t.text}`) : [r.text])].join("\n");
     return el("span", { class: "chip" + (r.correct === 0 ? " wrong" : ""), style: `background:${colour}`, title: tip },
       label + (r.correct === 1 ? " ✓" : r.correct === 0 ? " ✗" : ""));
   });
@@ -99,39 +100,86 @@ function defaultRuns() {
   return out;
 }
 
-async function renderCollapse(q) {
+// The run checkboxes and the prompt select of a page (prefix "c" or "t"); the chosen prompt's groups
+// from the server (`steps`: all, or the first and the last logged step), or null when there is none.
+async function chooseGroups(page, prefix, q, steps) {
   const kind = q.get("kind") || "val";
   const runs = q.has("runs") ? q.get("runs").split(",").filter(Boolean) : defaultRuns();
-  $("c-kind").value = kind;
-  $("c-runs").replaceChildren(el("span", {}, "runs:"), ...INDEX.runs.map((r) => {
+  $(prefix + "-kind").value = kind;
+  $(prefix + "-runs").replaceChildren(el("span", {}, "runs:"), ...INDEX.runs.map((r) => {
     const box = el("input", { type: "checkbox", value: r.run_id });
     box.checked = runs.includes(r.run_id);
     box.addEventListener("change", () => {
-      const chosen = [...$("c-runs").querySelectorAll("input:checked")].map((b) => b.value);
-      go("collapse", { kind, runs: chosen.join(","), key: q.get("key") || "" });
+      const chosen = [...$(prefix + "-runs").querySelectorAll("input:checked")].map((b) => b.value);
+      go(page, { kind, runs: chosen.join(","), key: q.get("key") || "" });
     });
     return el("label", {}, box, " " + r.label);
   }));
   if (!runs.length) {
-    $("c-grid").replaceChildren(el("p", {}, INDEX.runs.length ? "choose a run" : "no runs to show"));
+    $(prefix + "-grid").replaceChildren(el("p", {}, INDEX.runs.length ? "choose a run" : "no runs to show"));
     showErrors([]);
-    return rendered("collapse");
+    return null;
   }
   const listing = await api("/api/prompts", { runs: runs.join(","), kind });
   const key = q.get("key") || (listing.prompts[0] ? listing.prompts[0].key : "");
-  options($("c-key"), listing.prompts.map((p) => [p.key, p.label.length > 90 ? p.label.slice(0, 90) + "…" : p.label]), key);
-  const data = key ? await api("/api/collapse", { runs: runs.join(","), kind, key }) : { steps: [], runs: [], errors: [] };
+  options($(prefix + "-key"), listing.prompts.map((p) => [p.key, p.label.length > 90 ? p.label.slice(0, 90) + "…" : p.label]), key);
+  const data = key ? await api("/api/collapse", { runs: runs.join(","), kind, key, steps }) : { steps: [], runs: [], errors: [] };
   showErrors([...listing.errors, ...data.errors.filter((e) => !listing.errors.includes(e))]);
   if (!data.steps.length) {
-    $("c-grid").replaceChildren(el("p", {}, `no ${kind} samples for this choice`));
-    return rendered("collapse");
+    $(prefix + "-grid").replaceChildren(el("p", {}, `no ${kind} samples for this choice`));
+    return null;
   }
+  return data;
+}
+
+async function renderCollapse(q) {
+  const data = await chooseGroups("collapse", "c", q, "all");
+  if (!data) return rendered("collapse");
   const head = el("tr", {}, el("th", {}, "step"), ...data.runs.map((r) =>
     el("th", {}, r.label, " ", el("a", { href: r.link, target: "_blank", rel: "noopener" }, "MLflow"))));
   const rows = data.steps.map((s) => el("tr", {}, el("td", { class: "step" }, `step ${s}`),
     ...data.runs.map((r) => groupCell(r.cells[String(s)]))));
   $("c-grid").replaceChildren(el("table", { class: "grid", id: "collapse-table" }, head, ...rows));
   rendered("collapse");
+}
+
+// ---- trajectories: one prompt at the first and the last logged step, every turn labelled ---------------
+
+function turnRow(who, text) {
+  return el("div", { class: "turn", "data-who": who }, el("span", { class: `who who-${who}` }, who), el("pre", {}, text));
+}
+
+function trajectory(r, k) {
+  const turns = Array.isArray(r.turns) ? r.turns.map((t) => turnRow(t.who || t.role, t.text)) : [turnRow("model", r.text || "")];
+  const meta = [`#${k + 1}`, `answer ${fmt(r.answer)}`, r.correct === 1 ? "✓" : r.correct === 0 ? "✗" : "ungraded",
+    `reward ${fmt(r.reward)}`, r.tool_calls !== undefined ? `tool calls ${fmt(r.tool_calls)}` : null,
+    r.stop ? `stop ${r.stop}` : null].filter((x) => x !== null).join(" · ");
+  return el("div", { class: "traj" + (r.correct === 1 ? " right" : r.correct === 0 ? " wrong" : "") },
+    el("div", { class: "meta" }, meta), ...turns);
+}
+
+function trajectoryCell(record) {
+  if (!record) return el("td", { class: "empty" }, "not logged");
+  const right = record.responses.filter((r) => r.correct === 1).length;
+  const multiTurn = record.responses.some((r) => r.tool_calls !== undefined);
+  const calls = record.responses.filter((r) => r.tool_calls > 0).length;
+  return el("td", { "data-step": record.step },
+    el("div", { class: "cellnote" }, `${right} of ${record.responses.length} correct` + (multiTurn ? ` · ${calls} called a tool` : "")),
+    ...record.responses.map(trajectory));
+}
+
+async function renderTrajectories(q) {
+  const data = await chooseGroups("trajectories", "t", q, "ends");
+  if (!data) return rendered("trajectories");
+  const head = el("tr", {}, el("th", {}, "run"), ...data.steps.map((s, i) =>
+    el("th", {}, `step ${s}` + (data.steps.length > 1 ? (i === 0 ? " (first logged)" : " (last logged)") : ""))));
+  const rows = data.runs.map((r) => el("tr", {},
+    el("td", { class: "step" }, r.label, " ", el("a", { href: r.link, target: "_blank", rel: "noopener" }, "MLflow")),
+    ...data.steps.map((s) => trajectoryCell(r.cells[String(s)]))));
+  const prompt = data.runs.map((r) => Object.values(r.cells).find(Boolean)).find(Boolean);
+  $("t-grid").replaceChildren(el("div", { class: "prompt" }, prompt ? prompt.prompt : ""),
+    el("table", { class: "grid", id: "trajectories-table" }, head, ...rows));
+  rendered("trajectories");
 }
 
 // ---- eval samples: one checkpoint and suite, filtered and paged on the server ------------------------
@@ -239,10 +287,11 @@ async function renderCompare(q) {
 
 async function render() {
   const { page, q } = route();
-  for (const name of ["collapse", "evals", "compare"]) $("page-" + name).hidden = name !== page;
+  for (const name of PAGES) $("page-" + name).hidden = name !== page;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === page);
   try {
     if (page === "collapse") await renderCollapse(q);
+    else if (page === "trajectories") await renderTrajectories(q);
     else if (page === "evals") await renderEvals(q);
     else await renderCompare(q);
   } catch (err) {
@@ -252,11 +301,13 @@ async function render() {
 }
 
 function wire() {
-  $("c-kind").addEventListener("change", () => go("collapse", { kind: $("c-kind").value, runs: route().q.get("runs") || "" }));
-  $("c-key").addEventListener("change", () => {
-    const q = route().q;
-    go("collapse", { kind: $("c-kind").value, runs: q.get("runs") || "", key: $("c-key").value });
-  });
+  for (const [page, prefix] of [["collapse", "c"], ["trajectories", "t"]]) {
+    $(prefix + "-kind").addEventListener("change", () => go(page, { kind: $(prefix + "-kind").value, runs: route().q.get("runs") || "" }));
+    $(prefix + "-key").addEventListener("change", () => {
+      const q = route().q;
+      go(page, { kind: $(prefix + "-kind").value, runs: q.get("runs") || "", key: $(prefix + "-key").value });
+    });
+  }
   for (const id of ["e-eval", "e-wrong", "e-unparsed", "e-smin", "e-smax", "e-dataset"]) {
     $(id).addEventListener("change", () => {
       const p = evalsParams();
