@@ -41,6 +41,7 @@ from train.algorithms.dapo import (
 from train.algorithms.gae import actor_trains_at, value_loss
 from train.batch import Batch
 from train.config import train_schema, validate
+from train.config.errors import ConfigError
 from train.data import PromptSampler, encode_prompts
 from train.env.registry import build_agent
 from train.env.registry import enabled as env_enabled
@@ -175,6 +176,11 @@ class GRPOTrainer(TrainingLoop):
         if dropped:
             self.print(
                 f"dropped {dropped} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+            )
+        if rows and not self.rows:  # one line, not the sampler's traceback on an empty dataset
+            raise ConfigError(
+                f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} drops all {len(rows)} prompts of "
+                f"{cfg.data.train_path} (tools described in the prompt make it longer): raise it"
             )
         self.sampler = PromptSampler(len(self.rows), cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
         self.val_rows: list[dict] = []
