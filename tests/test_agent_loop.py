@@ -424,3 +424,40 @@ def test_retokenization_drift_counts_model_turns_that_would_not_re_encode(tokeni
     assert env_metrics(batch.episodes)["env/retokenization_drift_rate"] == 0.5
     _, plain, _ = rollout(tokenizer, script, [Echo()])
     assert env_metrics(plain.episodes)["env/retokenization_drift_rate"] == 0.0
+
+
+def test_where_a_call_counts_and_how_many_a_turn_makes(tokenizer):
+    """Contracts: a call inside a code fence and a call after an answer are calls (vLLM's Hermes parser reads
+    `<tool_call>` anywhere; the answer is not final while the model still calls); at most
+    env.max_calls_per_turn calls are made a turn, the rest answered with an error each, after the others."""
+    fenced = "```\n" + call("echo", text="in a fence") + "\n```"
+    after = "The answer is 561741. " + call("echo", text="after")
+    five = "".join(call("echo", text=str(k)) for k in range(5))
+    turns = {0: fenced, 1: after, 2: five}
+    echo = Echo()
+    _, batch, _ = rollout(
+        tokenizer,
+        lambda text, k: turns.get(k, "Done: 561741."),
+        [echo],
+        max_new=256,
+        max_turns=5,
+        max_calls_per_turn=3,
+    )
+    episode = batch.episodes[0]
+    assert [c[0] for c in echo.calls] == ["in a fence", "after", "0", "1", "2"]
+    assert episode["turns"] == 4 and episode["tool_calls"] == 5 and episode["errors"] == {"too_many_calls": 2}
+    third = [s for s in episode["segments"] if s["role"] == "env"][2]["text"]
+    assert third.index("echo:2") < third.index("not called: at most 3 tool calls a turn")
+    assert env_metrics(batch.episodes)["env/errors_too_many_calls"] == 2.0
+
+
+def test_an_observation_keeps_its_head(tokenizer):
+    """Contract: an over-long observation keeps its first max_observation_tokens tokens and says what was cut."""
+    _, batch, _ = rollout(
+        tokenizer,
+        lambda t, k: call("long", text="x") if k == 0 else "ok",
+        [Long()],
+        max_observation_tokens=16,
+    )
+    seen = [s for s in batch.episodes[0]["segments"] if s["role"] == "env"][0]["text"]
+    assert seen.count("word") == 16 and "[cut:" in seen

@@ -254,6 +254,9 @@ class EnvConfig:
     max_observation_tokens: int = checked(
         256, ">= 1", lambda n: n >= 1
     )  # a longer tool result is cut (an error)
+    max_calls_per_turn: int = checked(
+        4, ">= 1", lambda n: n >= 1
+    )  # calls past this many in one model turn are not made: one error observation each
     tool_timeout_s: float = checked(
         10.0, "> 0", lambda x: x > 0
     )  # a call still running this long is an error

@@ -94,6 +94,7 @@ def build_agent(env_cfg: Any, engine, tokenizer, say=print):
         max_turns=cfg.get("max_turns", 4),
         max_total_tokens=cfg.get("max_total_tokens"),
         max_observation_tokens=cfg.get("max_observation_tokens", 256),
+        max_calls_per_turn=cfg.get("max_calls_per_turn", 4),
         tool_timeout_s=cfg.get("tool_timeout_s", 10.0),
         tool_workers=cfg.get("tool_workers", 8),
         schedule=cfg.get("schedule", "async"),

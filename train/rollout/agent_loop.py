@@ -45,7 +45,14 @@ from train.env.tool_format import ChatFormat, ParsedTurn, parse_tool_calls
 from train.rollout.base import SamplingConfig, TurnOutput
 
 SCHEDULES = ("async", "sync")
-ERROR_KINDS = ("malformed", "unknown_tool", "tool_error", "timeout", "too_long")  # tool calls, observations
+ERROR_KINDS = (
+    "malformed",
+    "unknown_tool",
+    "tool_error",
+    "timeout",
+    "too_long",
+    "too_many_calls",
+)  # tool calls, observations
 ENV_ERROR_KINDS = ("raised", "bad_type", "non_finite_reward", "timeout")  # why an environment failed
 CHARS_PER_TOKEN = 8  # observations are cut to max_observation_tokens x this many characters, then tokenized
 
@@ -165,6 +172,7 @@ class AgentRollout:
         max_turns: int = 4,
         max_total_tokens: int | None = None,
         max_observation_tokens: int = 256,
+        max_calls_per_turn: int = 4,
         tool_timeout_s: float = 10.0,
         tool_workers: int = 8,
         schedule: str = "async",
@@ -180,6 +188,7 @@ class AgentRollout:
         self.max_turns = max_turns
         self.max_total_tokens = max_total_tokens
         self.max_observation_tokens = max_observation_tokens
+        self.max_calls_per_turn = max_calls_per_turn
         self.tool_timeout_s = tool_timeout_s
         self.schedule = schedule
         native = {"auto": None, "native": True, "fallback": False}[tool_format]
@@ -283,11 +292,17 @@ class AgentRollout:
                 t.error("malformed")
                 futures.append(_done(f"error: {message}"))
                 names.append("")
-            for call in parsed.calls:
+            for call in parsed.calls[: self.max_calls_per_turn]:
                 t.tool_calls += 1
                 t.calls.append({"name": call.name, "arguments": call.arguments, "result": None})
                 futures.append(self.pool.submit(self._call_tool, call.name, call.arguments))
                 names.append(call.name)
+            for _ in parsed.calls[self.max_calls_per_turn :]:  # not made: the model reads why, after the rest
+                t.error("too_many_calls")
+                futures.append(
+                    _done(f"error: not called: at most {self.max_calls_per_turn} tool calls a turn")
+                )
+                names.append("")
             waiting.append(_Pending(t, futures, names))
         elif t.env is not None:
             if t.turns >= self.max_turns:
@@ -479,7 +494,7 @@ def env_metrics(episodes: list[dict], stats: dict[str, float] | None = None) -> 
     n = len(episodes)
     calls = sum(e["tool_calls"] for e in episodes)
     errors = {k: sum(e["errors"].get(k, 0) for e in episodes) for k in ERROR_KINDS}
-    attempts = calls + errors["malformed"]
+    attempts = calls + errors["malformed"] + errors["too_many_calls"]
     tokens = sum(s["end"] - s["start"] for e in episodes for s in e["segments"])
     latencies = [x for e in episodes for x in e["tool_latency_s"]]
     model_turns = sum(s["role"] == "model" for e in episodes for s in e["segments"])
