@@ -193,9 +193,15 @@ def test_an_environment_that_hangs_or_exits_while_being_made_fails_alone(tokeniz
     def exits():
         raise SystemExit("constructor")
 
-    for factory, kind in [(exits, "raised"), (hangs, "timeout")]:
+    for factory, kind, limit in [(exits, "raised", 60.0), (hangs, "timeout", 0.3)]:  # raising: never late
         _, batch, _ = rollout(
-            tokenizer, lambda t, k: "x", [], n=2, interaction=factory, tool_timeout_s=0.3, say=lambda _: None
+            tokenizer,
+            lambda t, k: "x",
+            [],
+            n=2,
+            interaction=factory,
+            tool_timeout_s=limit,
+            say=lambda _: None,
         )
         assert [e["failed_kind"] for e in batch.episodes] == [kind, kind]
         assert [e["turns"] for e in batch.episodes] == [0, 0]
@@ -208,7 +214,8 @@ def test_hung_calls_do_not_take_workers_from_the_next_rollout(tokenizer):
         tokenizer, hang, [Hangs(), Echo()], n=10, tool_timeout_s=0.3, tool_workers=8, say=said.append
     )
     assert [e["errors"] for e in first.episodes] == [{"timeout": 1}] * 10
-    # the next rollout on the same agent: every good call is answered
+    # the next rollout on the same agent: every good call is answered (a limit no echo nears on a loaded machine)
+    agent.pool.timeout_s = agent.tool_timeout_s = 60.0
     agent.attach(ScriptedModel(tokenizer, lambda t, k: call("echo", text="y") if k == 0 else "done"))
     second = agent.generate(agent.encode([ROW]), [ROW], SamplingConfig(n=8, max_new_tokens=64, seed=2))
     assert [e["errors"] for e in second.episodes] == [{}] * 8
