@@ -54,7 +54,7 @@ class Slow(Echo):
     name = "slow"
 
     def __call__(self, text: str) -> str:
-        time.sleep(1.5)
+        time.sleep(3.0)
         return "too late"
 
 
@@ -142,7 +142,7 @@ def test_every_bad_call_is_an_error_observation_and_the_step_goes_on(tokenizer):
         tools,
         max_turns=10,
         max_total_tokens=4000,
-        tool_timeout_s=0.5,
+        tool_timeout_s=1.0,
         max_observation_tokens=40,
     )
     ep = batch.episodes[0]
@@ -151,7 +151,7 @@ def test_every_bad_call_is_an_error_observation_and_the_step_goes_on(tokenizer):
     assert "malformed tool call (not JSON" in observations[0]
     assert "unknown tool 'nosuch' (available: boom, echo, long, slow)" in observations[1]
     assert "error: disk on fire" in observations[2]
-    assert "timed out after 0.5 s" in observations[3]
+    assert "timed out after 1 s" in observations[3]
     assert "more characters over env.max_observation_tokens" in observations[4]
     assert "arguments must be a JSON object" in observations[5]
     assert ep["errors"] == {"malformed": 2, "unknown_tool": 1, "tool_error": 1, "timeout": 1, "too_long": 1}
