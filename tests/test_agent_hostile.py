@@ -242,8 +242,16 @@ def test_a_main_thread_interrupt_still_stops_the_rollout(tokenizer):
             time.sleep(0.5)
             return "ok"
 
-    with pytest.raises(KeyboardInterrupt):
-        rollout(tokenizer, lambda t, k: call("ctrl_c", text="x") if k == 0 else "done", [Interrupts()])
+    import signal
+
+    # Python's own SIGINT handler, whatever an earlier test in this process (a training run's preemption
+    # handlers) left installed: what is tested is the agent loop letting the interrupt through
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rollout(tokenizer, lambda t, k: call("ctrl_c", text="x") if k == 0 else "done", [Interrupts()])
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_process_whose_tool_hung_for_good_exits_at_its_end(tiny_model, tmp_path):

@@ -184,5 +184,5 @@ def test_eval_samples_with_tools_show_every_turn_labelled():
               "trajectories": [[{"role": "model", "text": "<tool_call>x</tool_call>"}, {"role": "env", "text": "6"},
                                 {"role": "model", "text": "6"}]]}  # fmt: skip
     (s,) = samples_of("math", record)
-    assert s["response"] == "[model]\n<tool_call>x</tool_call>\n\n[environment]\n6\n\n[model]\n6"
+    assert s["response"] == "[model]\n<tool_call>x</tool_call>\n\n[tool]\n6\n\n[model]\n6"
     assert s["extra"]["tool_calls"] == [1] and s["correct"] == 1
