@@ -37,7 +37,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from data_prep.schema import extra_info_of, family_order, hashed_split, make_row, splits_parser, write_splits
+from data_prep.schema import (
+    draw_until,
+    extra_info_of,
+    family_order,
+    hashed_split,
+    make_row,
+    splits_parser,
+    write_splits,
+)
 
 DATA_SOURCE = "multi_answer"
 INSTRUCTION = "Give only the number as your answer."
@@ -177,12 +185,11 @@ def generate(
     rng, order = family_order(DATA_SOURCE, families or DEFAULT_FAMILIES, FAMILIES, n, seed, split)
     rows = []
     for i, family in enumerate(order):
-        for _ in range(10_000):
-            text, answers, params = FAMILIES[family](rng)
-            if len(answers) >= MIN_ANSWERS and split_of(family, params) == split:
-                break
-        else:  # pragma: no cover - every family has dozens of prompts per split
-            raise RuntimeError(f"no {split} prompt found for family {family}")
+        text, answers, params = draw_until(
+            lambda: FAMILIES[family](rng),  # noqa: B023 -- called at once, in this iteration
+            lambda d: len(d[1]) >= MIN_ANSWERS and split_of(family, d[2]) == split,  # noqa: B023
+            f"{split} prompt of family {family}",
+        )
         info = {
             "id": f"{DATA_SOURCE}-{split}-{seed}-{i:06d}",
             "split": split,

@@ -183,6 +183,16 @@ def family_order(
     return rng, order
 
 
+def draw_until(draw: Callable[[], Any], accept: Callable[[Any], bool], what: str, tries: int = 10_000) -> Any:
+    """The first of `draw()`'s results that `accept` takes (a generator's rejection sampling); a RuntimeError
+    naming `what` when none of `tries` is."""
+    for _ in range(tries):
+        value = draw()
+        if accept(value):
+            return value
+    raise RuntimeError(f"no {what} found in {tries} draws")
+
+
 def hashed_split(key: str | bytes, test_percent: int) -> str:
     """ "test" for `test_percent`% of keys, else "train", by a hash of the key: a problem's split is fixed by
     what it is (never by the seed or its position), so train and test never share one."""

@@ -29,7 +29,15 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from data_prep.schema import extra_info_of, family_order, hashed_split, make_row, splits_parser, write_splits
+from data_prep.schema import (
+    draw_until,
+    extra_info_of,
+    family_order,
+    hashed_split,
+    make_row,
+    splits_parser,
+    write_splits,
+)
 from data_prep.tool_math import INSTRUCTION
 
 DATA_SOURCE = "tool_multi_answer"
@@ -107,13 +115,11 @@ def generate(n: int, seed: int, split: str = "train", families: Sequence[str] | 
     rng, order = family_order(DATA_SOURCE, families or FAMILIES, FAMILIES, n, seed, split)
     rows = []
     for i, family in enumerate(order):
-        for _ in range(10_000):
-            params = FAMILIES[family].sample(rng)
-            answers = FAMILIES[family].answers(params)
-            if MIN_ANSWERS <= len(answers) <= MAX_ANSWERS and split_of(family, params) == split:
-                break
-        else:  # pragma: no cover - every family has hundreds of prompts per split
-            raise RuntimeError(f"no {split} prompt found for family {family}")
+        params, answers = draw_until(
+            lambda: (p := FAMILIES[family].sample(rng), FAMILIES[family].answers(p)),  # noqa: B023
+            lambda d: MIN_ANSWERS <= len(d[1]) <= MAX_ANSWERS and split_of(family, d[0]) == split,  # noqa: B023
+            f"{split} prompt of family {family}",
+        )
         info = {
             "id": f"{DATA_SOURCE}-{split}-{seed}-{i:06d}",
             "split": split,
